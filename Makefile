@@ -1,0 +1,15 @@
+# The two commands of the README. Everything else is in scripts/.
+.PHONY: run test bench proto
+
+run:
+	scripts/run.sh
+
+test:
+	scripts/test.sh
+
+bench:
+	scripts/setup.sh
+	.venv/bin/python -m bench.compression --write
+
+proto:
+	.venv/bin/python scripts/gen_proto.py

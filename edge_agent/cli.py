@@ -1,0 +1,76 @@
+"""``edge-agent``: the regional agent's command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from collections.abc import Sequence
+
+from edge_agent.synthetic import PROFILES, SyntheticTraffic
+from edgewire import pb
+
+KIND_NAMES = {
+    v: pb.RequestKind.Name(v).removeprefix("REQUEST_KIND_").lower() for v in pb.RequestKind.values()
+}
+PRIORITY_NAMES = {
+    v: pb.PriorityClass.Name(v).removeprefix("PRIORITY_CLASS_").lower() for v in pb.PriorityClass.values()
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="edge-agent",
+        description="Regional edge agent of hk-edge-gateway: serves simple requests locally and ships the "
+        "rest to the Hong Kong gateway.",
+    )
+    sub = parser.add_subparsers(dest="command")
+    traffic = sub.add_parser("traffic", help="generate synthetic traffic and summarise it")
+    traffic.add_argument("--requests", type=int, default=4000)
+    traffic.add_argument("--seed", type=int, default=8)
+    traffic.add_argument("--region", action="append", help="only this region (repeatable)")
+    return parser
+
+
+def traffic_summary(requests: int, seed: int, regions: Sequence[str] | None) -> str:
+    """A table of what the synthetic generator produces: counts and payload sizes by region and kind."""
+    generated = SyntheticTraffic(seed, regions=tuple(regions) if regions else None).take(requests)
+    by_region_kind: Counter[tuple[str, str]] = Counter()
+    bytes_by_kind: Counter[str] = Counter()
+    by_priority: Counter[str] = Counter()
+    for r in generated:
+        kind = KIND_NAMES[r.request.kind]
+        by_region_kind[(r.region, kind)] += 1
+        bytes_by_kind[kind] += r.request.ByteSize()
+        by_priority[PRIORITY_NAMES[r.request.priority]] += 1
+    kinds = sorted(bytes_by_kind)
+    lines = [
+        f"synthetic traffic: {requests} requests, seed {seed}, {generated[-1].offset_s:.2f} s at 1000 req/s",
+        "",
+    ]
+    lines.append(f"{'region':<16}" + "".join(f"{k:>10}" for k in kinds))
+    for profile in PROFILES:
+        if any(by_region_kind[(profile.name, k)] for k in kinds):
+            lines.append(
+                f"{profile.name:<16}" + "".join(f"{by_region_kind[(profile.name, k)]:>10}" for k in kinds)
+            )
+    kind_counts = Counter(k for (_, k) in by_region_kind.elements())
+    lines.append(
+        f"{'mean bytes':<16}" + "".join(f"{bytes_by_kind[k] // max(1, kind_counts[k]):>10}" for k in kinds)
+    )
+    lines.append("priority: " + ", ".join(f"{p} {n}" for p, n in sorted(by_priority.items())))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "traffic":
+        try:
+            print(traffic_summary(args.requests, args.seed, args.region))
+        except ValueError as exc:
+            print(f"edge-agent: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    parser.print_help()
+    return 0

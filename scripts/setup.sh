@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Idempotent setup for a fresh machine: a virtualenv with the project and its dev tools, plus the Debian
+# packages that the tests drive as real servers and tools. Re-running skips what is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+# Debian packages the test suite uses (real tools, not fakes).
+APT_PACKAGES=(${HKEG_APT_PACKAGES:-iproute2 util-linux})
+
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    echo "setup: need Python >= 3.11 as \$PYTHON (found $("$PYTHON" --version 2>&1))" >&2
+    exit 1
+fi
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+    if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+        echo "setup: installing Debian packages: ${missing[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq >/dev/null
+        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    else
+        echo "setup: missing Debian packages ${missing[*]}; install them as root" >&2
+        exit 1
+    fi
+fi
+
+stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
+if [[ ! -f $stamp ]]; then
+    [[ -x .venv/bin/python ]] || "$PYTHON" -m venv .venv
+    .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
+    echo "setup: installing the project and its dev tools into .venv"
+    .venv/bin/python -m pip install -q -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
+    .venv/bin/python -c 'import edgewire, zmq, zstandard, onnxruntime' # fail here, not in the tests
+    rm -f .venv/.installed-*
+    touch "$stamp"
+fi
