@@ -10,6 +10,7 @@ test:
 bench:
 	scripts/setup.sh
 	.venv/bin/python -m bench.compression --write
+	.venv/bin/python -m bench.routing_bench --write
 
 proto:
 	.venv/bin/python scripts/gen_proto.py

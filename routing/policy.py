@@ -1,0 +1,180 @@
+"""TierPolicy: a request profile and live pool signals in, a :class:`Decision` out.
+
+The gateway calls :meth:`TierPolicy.decide` with the signals of its pools; the edge agent, which has no
+view of Hong Kong's pools, calls :meth:`TierPolicy.tier_for` to learn whether to serve a request locally.
+Both are pure functions of the profile, the signals, the config and the calibrator's state.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from routing.calibration import LatencyCalibrator
+from routing.complexity import ComplexityEstimator
+from routing.config import RoutingConfig
+from routing.plan import PoolSpec, RoutePlan, build_plan
+from routing.types import Decision, PoolSignals, Reason, RequestProfile, Tier
+
+_PlanKey = tuple[str, str, str, str]
+
+
+def pool_latency(pool: PoolSpec, signals: PoolSignals, service_ref_s: float) -> float:
+    """Estimated time for a request to finish on ``pool``: queue wait plus its own service time.
+
+    ``service_ref_s`` is the request's service time on a speed-1.0 pool. The wait is the queue drained
+    through the pool's concurrency at the pool's observed per-item latency (or the request's own service
+    time while none is observed).
+    """
+    own = service_ref_s / pool.speed
+    per_item = signals.ewma_latency_s if signals.ewma_latency_s > 0.0 else own
+    concurrency = signals.concurrency if signals.concurrency > 0 else pool.concurrency
+    return own + signals.queue_depth * per_item / concurrency
+
+
+class TierPolicy:
+    """The routing policy of one validated :class:`RoutingConfig`.
+
+    ``calibrator`` receives observed latencies (through :meth:`observe` or directly) and shifts scores
+    once a (model, size bucket) has enough samples; pass the previous policy's calibrator on reload to keep
+    what it learned.
+    """
+
+    __slots__ = ("_estimator", "_plans", "_pools", "_slack", "calibrator", "config")
+
+    def __init__(self, config: RoutingConfig, calibrator: LatencyCalibrator | None = None) -> None:
+        self.config = config
+        self.calibrator = calibrator or LatencyCalibrator(config.calibration.alpha)
+        self._estimator = ComplexityEstimator(config.cost, config.calibration, self.calibrator)
+        self._pools = {p.name: PoolSpec.of(p) for p in config.pools}
+        self._slack = config.deadline_slack_s
+        self._plans: dict[_PlanKey, RoutePlan] = {}
+
+    @property
+    def estimator(self) -> ComplexityEstimator:
+        """The complexity estimator this policy scores with."""
+        return self._estimator
+
+    @property
+    def pool_names(self) -> tuple[str, ...]:
+        """Configured pools in config order."""
+        return tuple(self._pools)
+
+    def _plan(self, profile: RequestProfile) -> RoutePlan:
+        model_cfg = self.config.models.get(profile.model)
+        if model_cfg is None:
+            # Model names come from clients; unknown ones are not cached, so the cache stays bounded.
+            return build_plan(self.config, profile.model, "", profile.priority, profile.region)
+        version = profile.model_version if profile.model_version in model_cfg.version_pins else ""
+        region = profile.region if profile.region in self.config.regions else ""
+        key = (profile.model, version, profile.priority.value, region)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = build_plan(self.config, profile.model, version, profile.priority, region)
+            self._plans[key] = plan
+        return plan
+
+    def score(self, profile: RequestProfile) -> float:
+        """The request's complexity score in [0, 1] under this policy's cost model and calibration."""
+        return self._estimator.score(profile, self._plan(profile).cost_factor)[0]
+
+    def tier_for(self, profile: RequestProfile) -> Decision:
+        """Complexity-only decision for the edge agent: ``EDGE_DEVICE`` means serve locally.
+
+        Uses no pool signals; ``pool`` is always None. Rejects only when nothing, device included, serves
+        the model for this priority and region.
+        """
+        plan = self._plan(profile)
+        score, bucket = self._estimator.score(profile, plan.cost_factor)
+        rank = _rank(score, plan)
+        tier = plan.agent_tier[rank]
+        if tier is None:
+            return Decision(
+                plan.remote_tier[rank], None, plan.empty_reason or Reason.REJECT_NO_POOL, score, None, bucket
+            )
+        return Decision(tier, None, plan.base_reason, score, None, bucket)
+
+    def decide(self, profile: RequestProfile, signals: Mapping[str, PoolSignals]) -> Decision:
+        """Choose a tier and pool for the request given each pool's live signals.
+
+        Tiers are tried from the score's tier (the nearest that has a pool for the model) upwards, then
+        downwards; within a tier the pool with the lowest estimated finish time wins, ties going to config
+        order. A pool is skipped when unhealthy or absent from ``signals``, saturated (queue at its limit),
+        or unable to finish before the deadline. The reason names why the first tier was left, or why
+        nothing could serve.
+        """
+        plan = self._plan(profile)
+        score, bucket = self._estimator.score(profile, plan.cost_factor)
+        rank = _rank(score, plan)
+        if plan.empty_reason is not None:
+            return Decision(plan.remote_tier[rank], None, plan.empty_reason, score, None, bucket)
+        deadline = profile.remaining_deadline_s
+        if deadline is None:
+            budget = math.inf
+        else:
+            budget = deadline - self._slack
+            if budget <= 0.0:
+                return Decision(plan.remote_tier[rank], None, Reason.REJECT_DEADLINE, score, None, bucket)
+        service_ref = self._estimator.service_time(profile, score, bucket)
+        left: Reason | None = None
+        any_slow = any_saturated = False
+        for tier, pools in plan.order[rank]:
+            best: PoolSpec | None = None
+            best_est = math.inf
+            slow = saturated = False
+            for pool in pools:
+                sig = signals.get(pool.name)
+                if sig is None or not sig.healthy:
+                    continue
+                if sig.queue_depth >= pool.max_queue_depth:
+                    saturated = True
+                    continue
+                est = pool_latency(pool, sig, service_ref)
+                if est > budget:
+                    slow = True
+                elif est < best_est:
+                    best, best_est = pool, est
+            if best is not None:
+                return Decision(tier, best.name, left or plan.base_reason, score, best_est, bucket)
+            if left is None:
+                left = (
+                    Reason.DEADLINE
+                    if slow
+                    else Reason.SPILLOVER_SATURATED
+                    if saturated
+                    else Reason.SPILLOVER_UNHEALTHY
+                )
+            any_slow = any_slow or slow
+            any_saturated = any_saturated or saturated
+        reject = (
+            Reason.REJECT_DEADLINE
+            if any_slow
+            else Reason.REJECT_OVERLOADED
+            if any_saturated
+            else Reason.REJECT_UNAVAILABLE
+        )
+        return Decision(plan.remote_tier[rank], None, reject, score, None, bucket)
+
+    def estimate_latency(self, profile: RequestProfile, pool: str, signals: PoolSignals) -> float:
+        """Estimated finish time of the request on the named pool, as :meth:`decide` computes it."""
+        spec = self._pools[pool]
+        score, bucket = self._estimator.score(profile, self._plan(profile).cost_factor)
+        return pool_latency(spec, signals, self._estimator.service_time(profile, score, bucket))
+
+    def observe(self, model: str, decision: Decision, latency_s: float) -> None:
+        """Feed back the service time (queue wait excluded) the decision's pool took for ``model``.
+
+        The latency is scaled to a speed-1.0 pool before the calibrator sees it.
+        """
+        if decision.pool is None:
+            raise ValueError("only a decision that named a pool can be observed")
+        self.calibrator.observe(model, decision.size_bucket, latency_s * self._pools[decision.pool].speed)
+
+
+def _rank(score: float, plan: RoutePlan) -> int:
+    thresholds = plan.thresholds
+    if score < thresholds.edge_server:
+        return Tier.EDGE_DEVICE.rank
+    if score < thresholds.cloud:
+        return Tier.EDGE_SERVER.rank
+    return Tier.CLOUD.rank
