@@ -1,20 +1,169 @@
-"""``hk-gateway``: the Hong Kong ingest daemon's command line."""
+"""``hk-gateway``: the Hong Kong ingest daemon's command line.
+
+hk-gateway                       run a local gateway (loopback carriers, embedded demo models)
+hk-gateway --config PATH         run with a TOML config (deploy/hk-gateway.example.toml)
+hk-gateway check-config PATH     validate a config and exit
+hk-gateway keygen --out DIR      write CurveZMQ key pairs (the gateway's, or an agent's with --agent)
+hk-gateway models init DIR       write the deterministic demo model repository
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
+import signal
+import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gateway.config import DEFAULT_MODELS_DIR, ConfigError, GatewayConfig, load_config
+
+EXIT_CONFIG = 2
+EXIT_START = 3
 
 
 def build_parser() -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(
         prog="hk-gateway",
-        description="Hong Kong ingest gateway of hk-edge-gateway: terminates agent traffic on every carrier, "
-        "routes it across tiers and backend pools, and answers the agents.",
+        description="Hong Kong ingest gateway: terminates agent traffic on every carrier, routes it across "
+        "tiers and backend pools, and answers the agents.",
     )
+    parser.add_argument("--config", type=Path, help="TOML config file (default: built-in local gateway)")
+    parser.add_argument("--http-port", type=int, help="override http.port")
+    parser.add_argument("--log-format", choices=["auto", "json", "console"], help="override logging.format")
+    parser.add_argument(
+        "--log-level", choices=["debug", "info", "warning", "error"], help="override logging.level"
+    )
+    sub = parser.add_subparsers(dest="command")
+    check = sub.add_parser("check-config", help="validate a config file and exit")
+    check.add_argument("path", type=Path)
+    keygen = sub.add_parser("keygen", help="write CurveZMQ key pairs")
+    keygen.add_argument(
+        "--out", type=Path, required=True, help="directory to write the .key/.key_secret into"
+    )
+    keygen.add_argument(
+        "--agent", help="write an agent's key pair with this agent id (default: the gateway's)"
+    )
+    keygen.add_argument("--region", default="unknown", help="the agent's region (with --agent)")
+    models = sub.add_parser("models", help="model repository tools")
+    models_sub = models.add_subparsers(dest="models_command", required=True)
+    init = models_sub.add_parser("init", help="write the demo models in Triton's repository layout")
+    init.add_argument("dir", type=Path)
+    return parser
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if args.http_port is not None:
+        out["http"] = {"port": args.http_port}
+    logging: dict[str, str] = {}
+    if args.log_format:
+        logging["format"] = args.log_format
+    if args.log_level:
+        logging["level"] = args.log_level
+    if logging:
+        out["logging"] = logging
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    build_parser().parse_args(argv)
-    build_parser().print_help()
+    args = build_parser().parse_args(argv)
+    if args.command == "check-config":
+        return _check_config(args.path)
+    if args.command == "keygen":
+        return _keygen(args.out, args.agent, args.region)
+    if args.command == "models":
+        from gateway.models.demo import write_demo_repository
+
+        written = write_demo_repository(args.dir)
+        print(f"wrote {len(written)} files into {args.dir}")
+        return 0
+    try:
+        config = load_config(args.config, overrides=_overrides(args))
+    except ConfigError as exc:
+        for key, message in exc.problems:
+            print(f"hk-gateway: config: {key}: {message}", file=sys.stderr)
+        return EXIT_CONFIG
+    return run(config, args.config)
+
+
+def _check_config(path: Path) -> int:
+    try:
+        config = load_config(path, environ={})
+    except ConfigError as exc:
+        for key, message in exc.problems:
+            print(f"{path}: {key}: {message}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(
+        f"{path}: OK ({len(config.carriers)} carriers, {len(config.pools)} pools, "
+        f"{len(config.backends)} backends)"
+    )
     return 0
+
+
+def _keygen(out: Path, agent: str | None, region: str) -> int:
+    from gateway.ingress.auth import write_keypair
+
+    if agent:
+        public, secret = write_keypair(out, agent, {"agent-id": agent, "region": region})
+        print(
+            f"agent {agent}: give {secret} to the agent; copy {public} into the gateway's authorized_agents"
+        )
+    else:
+        public, secret = write_keypair(out, "gateway")
+        print(f"gateway: {secret} is security.server_secret_key; give {public} to every agent")
+    return 0
+
+
+def _ensure_demo_models(config: GatewayConfig) -> None:
+    """A no-argument run serves the demo models: write them on first use."""
+    for section in config.backends.values():
+        repo = section.get("repository")
+        if section.get("type") == "onnx" and repo == DEFAULT_MODELS_DIR and not Path(repo).exists():
+            from gateway.models.demo import write_demo_repository
+
+            write_demo_repository(Path(repo))
+
+
+def run(config: GatewayConfig, config_path: Path | None) -> int:
+    from gateway.ops.logs import configure_logging
+    from gateway.server import Gateway, GatewayStartError
+
+    configure_logging(config.logging)
+    _ensure_demo_models(config)
+    try:
+        import uvloop
+
+        runner: Any = uvloop.run
+    except ImportError:  # uvloop is optional off Linux
+        runner = asyncio.run
+    gateway = Gateway(config, config_path=config_path)
+    try:
+        runner(_serve(gateway))
+    except GatewayStartError as exc:
+        print(f"hk-gateway: {exc}", file=sys.stderr)
+        return EXIT_START
+    return 0
+
+
+async def _serve(gateway: Any) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    interrupts = 0
+
+    def on_stop(signame: str) -> None:
+        nonlocal interrupts
+        interrupts += 1
+        if interrupts > 1 and signame == "SIGINT":
+            # A second Ctrl-C means now: skip the drain.
+            os._exit(130)
+        stop.set()
+
+    # add_signal_handler (not signal.signal) so that handlers run on the loop, between callbacks,
+    # where setting an asyncio.Event is safe.
+    loop.add_signal_handler(signal.SIGTERM, on_stop, "SIGTERM")
+    loop.add_signal_handler(signal.SIGINT, on_stop, "SIGINT")
+    loop.add_signal_handler(signal.SIGHUP, gateway.reload)
+    await gateway.serve(stop)

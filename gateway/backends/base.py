@@ -1,0 +1,145 @@
+"""The backend Protocol: what the dispatcher needs from an inference server, and nothing more.
+
+A backend serves named, versioned models that take and return dense tensors. Turning wire requests into
+tensors (and tensors back into wire outputs) is the pipeline's job (``gateway.pipeline``), shared by every
+backend, so that one input gives one output whichever pool serves it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from routing.types import Priority
+
+
+class BackendHealth(enum.StrEnum):
+    """Whether a backend can take traffic; the circuit breaker adds its own view on top."""
+
+    SERVING = "serving"
+    NOT_SERVING = "not_serving"
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """One model input or output: name, numpy dtype name, dims without the batch dim (-1 = variable)."""
+
+    name: str
+    dtype: str
+    dims: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """What the gateway knows of a served model version (from Triton's ``config.pbtxt``)."""
+
+    name: str
+    version: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    max_batch_size: int
+    pipeline: str  # "ranking" | "text" | "image" | "tensor": how requests become tensors
+    server_batching: bool = False  # the server batches dynamically: gateway-side batching is off
+    parameters: Mapping[str, str] = field(default_factory=dict)
+
+    def output(self, name: str) -> TensorSpec:
+        for spec in self.outputs:
+            if spec.name == name:
+                return spec
+        raise KeyError(f"model {self.name} has no output {name}")
+
+
+@dataclass(frozen=True, slots=True)
+class InferCall:
+    """One batched call: a model, its dense inputs (batch dim first) and the call's constraints."""
+
+    model: str
+    version: str  # "" = the backend's default (latest) version
+    inputs: Mapping[str, np.ndarray]
+    priority: Priority
+    timeout_s: float | None  # remaining deadline of the most urgent request in the batch
+
+
+@dataclass(frozen=True, slots=True)
+class InferResult:
+    """Dense outputs (batch dim first) and the version that actually served."""
+
+    outputs: Mapping[str, np.ndarray]
+    model_version: str
+
+
+class BackendError(Exception):
+    """A failed call. ``retryable`` errors may be retried elsewhere; ``overloaded`` ones are shed, not failed.
+
+    ``status`` is the wire Status name the requests are answered with when no retry is possible.
+    """
+
+    def __init__(
+        self, message: str, *, retryable: bool, overloaded: bool = False, status: str = "INTERNAL"
+    ) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.overloaded = overloaded
+        self.status = status
+
+
+class ModelNotFound(BackendError):
+    """The backend does not serve that model or version."""
+
+    def __init__(self, model: str, version: str) -> None:
+        super().__init__(
+            f"model {model!r} version {version or 'latest'!r} not served",
+            retryable=False,
+            status="MODEL_NOT_FOUND",
+        )
+
+
+class Backend(Protocol):
+    """An inference server behind a pool. ``aclose`` is safe before ``start`` and safe twice."""
+
+    name: str
+
+    async def start(self) -> None: ...
+
+    async def infer(self, call: InferCall) -> InferResult: ...
+
+    def model(self, name: str, version: str = "") -> ModelSpec | None:
+        """The spec of a served model version ("" = default), or None."""
+        ...
+
+    def health(self) -> BackendHealth: ...
+
+    async def aclose(self) -> None: ...
+
+
+BackendFactory = Callable[[str, Mapping[str, Any]], Backend]
+_REGISTRY: dict[str, BackendFactory] = {}
+
+
+def register(type_name: str) -> Callable[[BackendFactory], BackendFactory]:
+    """Register a backend factory under the config's ``type`` (e.g. ``onnx``, ``null``, ``triton``)."""
+
+    def wrap(factory: BackendFactory) -> BackendFactory:
+        if type_name in _REGISTRY:
+            raise ValueError(f"backend type {type_name!r} registered twice")
+        _REGISTRY[type_name] = factory
+        return factory
+
+    return wrap
+
+
+def create(type_name: str, name: str, options: Mapping[str, Any]) -> Backend:
+    """Build a backend from its config section; unknown types are a clear error."""
+    try:
+        factory = _REGISTRY[type_name]
+    except KeyError:
+        raise ValueError(f"unknown backend type {type_name!r}; known: {sorted(_REGISTRY)}") from None
+    return factory(name, options)
+
+
+def registered_types() -> list[str]:
+    return sorted(_REGISTRY)

@@ -1,0 +1,5 @@
+"""Imports the backends that ship with the gateway, so that each registers its config ``type``."""
+
+from gateway.backends import null, onnx
+
+__all__ = ["null", "onnx"]

@@ -1,0 +1,121 @@
+"""The null backend, for benchmarks: it serves model specs and answers every call at once with zeros.
+
+It measures the gateway without any model cost: ingress, decode, routing, batching, pipelines and replies
+all run as in production, and the backend call costs nothing. Never configure it for real traffic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+
+from gateway.backends.base import (
+    Backend,
+    BackendError,
+    BackendHealth,
+    InferCall,
+    InferResult,
+    ModelNotFound,
+    ModelSpec,
+    register,
+)
+from gateway.backends.modelrepo import (
+    REPOSITORY_OPTIONS,
+    ModelRepository,
+    RepositoryOptions,
+    spec_from_config,
+)
+from gateway.models.demo import DEMO_MODELS, demo_config
+
+_OPTIONS: Final = REPOSITORY_OPTIONS
+
+
+class NullBackend:
+    """Benchmark backend: zeros of each declared output shape, immediately, for every call.
+
+    It serves the models of ``repository`` (their serving versions, read like the ONNX backend reads them)
+    or, without one, version 1 of the three demo models. An output's batch dim is the first input's first
+    dim; a variable (-1) output dim is answered as 1.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        repository: Path | None = None,
+        pins: Mapping[str, str] | None = None,
+        max_models: int = 64,
+    ) -> None:
+        self.name = name
+        self._repository = (
+            None if repository is None else ModelRepository(repository, pins=pins, max_models=max_models)
+        )
+        self._specs: dict[tuple[str, str], ModelSpec] = {}
+        self._defaults: dict[str, str] = {}
+        self._started = False
+        self._closed = False
+
+    async def start(self) -> None:
+        """Read the repository (or the built-in demo specs)."""
+        if self._closed:
+            raise RuntimeError(f"backend {self.name!r} is closed")
+        if self._repository is None:
+            for model in DEMO_MODELS:
+                config = demo_config(model)
+                self._specs[(model, "1")] = spec_from_config(config, "1", Path(model) / "config.pbtxt")
+                self._defaults[model] = "1"
+        else:
+            entries = await asyncio.to_thread(self._repository.scan)
+            for name, entry in entries.items():
+                self._defaults[name] = str(entry.default)
+                for version in entry.loaded:
+                    self._specs[(name, str(version))] = entry.spec(version)
+        self._started = True
+
+    async def infer(self, call: InferCall) -> InferResult:
+        """Zeros of every output's declared shape; the batch dim follows the first input."""
+        if not self._started or self._closed:
+            raise BackendError(f"backend {self.name!r} is not serving", retryable=True, status="UNAVAILABLE")
+        spec = self.model(call.model, call.version)
+        if spec is None:
+            raise ModelNotFound(call.model, call.version)
+        first = call.inputs.get(spec.inputs[0].name)
+        if first is None:
+            first = next(iter(call.inputs.values()), np.zeros(0))
+        lead: tuple[int, ...] = (first.shape[0] if first.ndim else 0,) if spec.max_batch_size > 0 else ()
+        outputs = {
+            out.name: np.zeros((*lead, *(max(d, 1) for d in out.dims)), dtype=out.dtype)
+            for out in spec.outputs
+        }
+        return InferResult(outputs=outputs, model_version=spec.version)
+
+    def model(self, name: str, version: str = "") -> ModelSpec | None:
+        """The spec of a served model version ("" = the default), or None."""
+        chosen = self._defaults.get(name) if version == "" else version
+        return None if chosen is None else self._specs.get((name, chosen))
+
+    def models(self) -> list[ModelSpec]:
+        """Every served model version's spec."""
+        return list(self._specs.values())
+
+    def health(self) -> BackendHealth:
+        """SERVING once started, until closed."""
+        return BackendHealth.SERVING if self._started and not self._closed else BackendHealth.NOT_SERVING
+
+    async def aclose(self) -> None:
+        """Stop serving. Safe before start and twice."""
+        self._closed = True
+
+
+@register("null")
+def create_null_backend(name: str, options: Mapping[str, Any]) -> Backend:
+    """Factory for ``type = "null"`` (benchmarks only): a :class:`NullBackend` from its config section."""
+    unknown = sorted(set(options) - _OPTIONS)
+    if unknown:
+        raise ValueError(f"backend {name!r}: unknown option {unknown[0]!r}; known: {sorted(_OPTIONS)}")
+    repo = RepositoryOptions.from_mapping(name, options, required=False)
+    return NullBackend(name, repository=repo.repository, pins=repo.pins, max_models=repo.max_models)

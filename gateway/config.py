@@ -1,0 +1,352 @@
+"""The gateway's one typed config: TOML file, then environment, then CLI flags, validated in one step.
+
+``load_config`` raises :class:`ConfigError` naming every bad key (``carriers[1].bind: ...``); only the CLI
+turns that into an exit code. ``deploy/hk-gateway.example.toml`` is the annotated reference.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, Self
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from routing.config import (
+    DEFAULT_ROUTING_SECTION,
+    RoutingConfig,
+    RoutingConfigError,
+    default_routing_config,
+    load_routing_config,
+)
+
+ENV_PREFIX = "HKGW_"
+SecurityMode = Literal["curve", "plaintext"]
+LogFormat = Literal["auto", "json", "console"]
+LogLevel = Literal["debug", "info", "warning", "error"]
+DEFAULT_MODELS_DIR = "var/models"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CarrierConfig(_Section):
+    """One carrier uplink: its name (a metric label) and the ZeroMQ endpoint its ROUTER binds."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9-]{0,31}$")
+    bind: str
+
+    @field_validator("bind")
+    @classmethod
+    def _tcp_endpoint(cls, bind: str) -> str:
+        parts = urlsplit(bind.replace(":*", ":0"))
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if parts.scheme != "tcp" or not parts.hostname or port is None:
+            raise ValueError("must be tcp://HOST:PORT (PORT may be * for any free port)")
+        return bind
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.bind.replace(":*", ":0")).hostname or ""
+
+    def is_loopback(self) -> bool:
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return self.host == "localhost"
+
+
+class SecurityConfig(_Section):
+    """CurveZMQ with ZAP authentication of agents (default), or plaintext on loopback binds only."""
+
+    mode: SecurityMode = "curve"
+    server_secret_key: Path | None = None  # zmq certificate with the gateway's key pair (hk-gateway keygen)
+    authorized_agents: Path | None = None  # directory of agent public certificates (<agent_id>.key)
+
+    @model_validator(mode="after")
+    def _curve_needs_keys(self) -> Self:
+        if self.mode == "curve" and (self.server_secret_key is None or self.authorized_agents is None):
+            raise ValueError("mode 'curve' needs server_secret_key and authorized_agents")
+        return self
+
+
+class HttpConfig(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(default=9102, ge=0, le=65535)
+
+
+class LimitsConfig(_Section):
+    max_header_bytes: int = Field(default=1024, ge=64)
+    max_frame_bytes: int = Field(default=8 << 20, ge=1024)
+    max_decompressed_bytes: int = Field(default=32 << 20, ge=1024)
+    max_records: int = Field(default=1024, ge=1)
+    max_parameters: int = Field(default=16, ge=0)
+
+
+class ZmqConfig(_Section):
+    """Socket options set on every carrier ROUTER."""
+
+    rcvhwm: int = Field(default=20_000, ge=1)
+    sndhwm: int = Field(default=20_000, ge=1)
+    heartbeat_ivl_ms: int = Field(default=1000, ge=0)
+    heartbeat_timeout_ms: int = Field(default=5000, ge=0)
+    heartbeat_ttl_ms: int = Field(default=10_000, ge=0)
+    linger_ms: int = Field(default=2000, ge=0)
+    max_messages_per_wakeup: int = Field(default=256, ge=1)
+
+
+class DedupeConfig(_Section):
+    """Request ids seen recently, shared by all carriers: a resend after failover is not served twice."""
+
+    window_s: float = Field(default=600.0, gt=0)
+    max_entries: int = Field(default=2_000_000, ge=1000)
+    response_cache_bytes: int = Field(default=64 << 20, ge=0)  # re-deliver answers to resent requests
+
+
+class RepliesConfig(_Section):
+    """Responses that could not be delivered (agent between carriers) wait here, bounded."""
+
+    pending_per_agent: int = Field(default=10_000, ge=0)
+    pending_agents: int = Field(default=1024, ge=1)
+    retry_after_ms: int = Field(default=500, ge=0)  # told to agents on OVERLOADED / DRAINING
+
+
+class BreakerConfig(_Section):
+    failure_threshold: int = Field(default=5, ge=1)
+    open_s: float = Field(default=5.0, gt=0)
+    half_open_calls: int = Field(default=1, ge=1)
+
+
+class PoolDispatch(_Section):
+    """How one routing pool is served: its backend and its dynamic batcher (Triton's semantics)."""
+
+    backend: str
+    max_batch_size: int = Field(default=32, ge=1)
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_us: int = Field(default=2000, ge=0)
+    batching: bool = True  # off for backends that batch themselves (Triton dynamic_batching)
+
+    @model_validator(mode="after")
+    def _preferred_within_max(self) -> Self:
+        if any(p < 1 or p > self.max_batch_size for p in self.preferred_batch_sizes):
+            raise ValueError("preferred_batch_sizes must lie in [1, max_batch_size]")
+        return self
+
+
+class HealthConfig(_Section):
+    interval_s: float = Field(default=0.5, gt=0)
+    rise: int = Field(default=2, ge=1)  # consecutive good evaluations before a carrier is UP again
+    fall: int = Field(default=2, ge=1)  # consecutive bad evaluations before it is DOWN
+    stall_s: float = Field(default=2.0, gt=0)  # a carrier with unread input this long is not passing traffic
+
+
+class LoggingConfig(_Section):
+    format: LogFormat = "auto"
+    level: LogLevel = "info"
+
+
+class GatewayConfig(_Section):
+    """Everything ``hk-gateway`` needs; built by :func:`load_config`."""
+
+    instance: str = "hk-gw-1"
+    carriers: tuple[CarrierConfig, ...] = Field(min_length=1)
+    security: SecurityConfig = SecurityConfig(mode="plaintext")
+    http: HttpConfig = HttpConfig()
+    limits: LimitsConfig = LimitsConfig()
+    zmq: ZmqConfig = ZmqConfig()
+    dedupe: DedupeConfig = DedupeConfig()
+    replies: RepliesConfig = RepliesConfig()
+    breaker: BreakerConfig = BreakerConfig()
+    health: HealthConfig = HealthConfig()
+    logging: LoggingConfig = LoggingConfig()
+    drain_timeout_s: float = Field(default=20.0, gt=0)
+    dictionaries: Path | None = None  # directory of <dict_id>.zdict files
+    backends: dict[str, dict[str, Any]]  # name -> {type = "...", backend options}
+    pools: dict[str, PoolDispatch]
+    routing: RoutingConfig
+
+    @field_validator("carriers")
+    @classmethod
+    def _distinct_carriers(cls, carriers: tuple[CarrierConfig, ...]) -> tuple[CarrierConfig, ...]:
+        names = [c.name for c in carriers]
+        binds = [c.bind for c in carriers if not c.bind.endswith(":*")]
+        if len(set(names)) != len(names):
+            raise ValueError("carrier names must be distinct")
+        if len(set(binds)) != len(binds):
+            raise ValueError("carrier bind addresses must be distinct")
+        return carriers
+
+    @field_validator("backends")
+    @classmethod
+    def _backend_types(cls, backends: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for name, section in backends.items():
+            if not isinstance(section.get("type"), str):
+                raise ValueError(f"backend {name!r} needs a string 'type'")
+        return backends
+
+    @model_validator(mode="after")
+    def _cross_references(self) -> Self:
+        problems: list[tuple[str, str]] = []
+        if self.security.mode == "plaintext":
+            for i, carrier in enumerate(self.carriers):
+                if not carrier.is_loopback():
+                    problems.append((f"carriers[{i}].bind", "plaintext is allowed only on loopback binds"))
+        routing_pools = {p.name for p in self.routing.pools}
+        for name in sorted(routing_pools - set(self.pools)):
+            problems.append((f"pools.{name}", "routing pool has no [pools.<name>] dispatch section"))
+        for name in sorted(set(self.pools) - routing_pools):
+            problems.append((f"pools.{name}", "not a pool of the routing section"))
+        for name, pool in self.pools.items():
+            if pool.backend not in self.backends:
+                problems.append((f"pools.{name}.backend", f"no backend named {pool.backend!r}"))
+        if problems:
+            raise _CrossReferenceError(problems)
+        return self
+
+
+class _CrossReferenceError(ValueError):
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        super().__init__("; ".join(f"{k}: {m}" for k, m in problems))
+        self.problems = problems
+
+
+class ConfigError(ValueError):
+    """Invalid gateway config; ``problems`` holds (key path, message) pairs, all of them."""
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(f"{key}: {msg}" for key, msg in problems))
+
+
+def default_section() -> dict[str, Any]:
+    """The no-argument gateway: three loopback carriers, plaintext, the embedded ONNX demo models."""
+    pools = {
+        "cpu": {
+            "backend": "embedded",
+            "max_batch_size": 32,
+            "preferred_batch_sizes": [8, 16, 32],
+            "max_queue_delay_us": 2000,
+        },
+        "gpu-a100-mig": {"backend": "embedded", "max_batch_size": 8, "max_queue_delay_us": 500},
+        "gpu-a100": {
+            "backend": "embedded",
+            "max_batch_size": 64,
+            "preferred_batch_sizes": [32, 64],
+            "max_queue_delay_us": 5000,
+        },
+        "gpu-v100": {"backend": "embedded", "max_batch_size": 32, "max_queue_delay_us": 3000},
+    }
+    routing = {**DEFAULT_ROUTING_SECTION}
+    # The embedded demo runs every pool on this machine's CPU: equal speeds keep calibration honest.
+    routing["pools"] = [{**p, "speed": 1.0} for p in DEFAULT_ROUTING_SECTION["pools"]]
+    return {
+        "carriers": [
+            {"name": "hgc", "bind": "tcp://127.0.0.1:5555"},
+            {"name": "pccw", "bind": "tcp://127.0.0.1:5556"},
+            {"name": "tgt", "bind": "tcp://127.0.0.1:5557"},
+        ],
+        "security": {"mode": "plaintext"},
+        "backends": {"embedded": {"type": "onnx", "repository": DEFAULT_MODELS_DIR, "threads": 2}},
+        "pools": pools,
+        "routing": routing,
+    }
+
+
+def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep-merge tables; lists and scalars in ``override`` replace those in ``base``."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """``HKGW_HTTP__PORT=9200`` -> {"http": {"port": "9200"}} (pydantic coerces the strings)."""
+    out: dict[str, Any] = {}
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX) or not re.fullmatch(r"[A-Z0-9_]+", name):
+            continue
+        path = [p.lower() for p in name.removeprefix(ENV_PREFIX).split("__") if p]
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        if path:
+            node[path[-1]] = value
+    return out
+
+
+def _key_path(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path or "(top level)"
+
+
+def validate(raw: Mapping[str, Any]) -> GatewayConfig:
+    """Validate a merged mapping; raises ConfigError naming each bad key."""
+    problems: list[tuple[str, str]] = []
+    routing_raw = raw.get("routing", {})
+    try:
+        routing = load_routing_config(routing_raw if isinstance(routing_raw, Mapping) else {})
+    except RoutingConfigError as exc:
+        problems.extend(exc.problems)
+        routing = None
+    try:
+        # With an invalid routing section, validate the rest against the default one so that every bad key
+        # is reported at once; pool cross-references are then not meaningful and are skipped.
+        return GatewayConfig.model_validate({**raw, "routing": routing or default_routing_config()})
+    except ValidationError as exc:
+        for err in exc.errors(include_url=False):
+            if err["loc"][:1] == ("routing",) and routing is None:
+                continue
+            cause = err.get("ctx", {}).get("error")
+            if isinstance(cause, _CrossReferenceError):
+                problems.extend(cause.problems if routing is not None else [])
+                continue
+            problems.append(
+                (_key_path(err["loc"]), str(cause) if isinstance(cause, ValueError) else err["msg"])
+            )
+    if problems:
+        raise ConfigError(problems)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def load_config(
+    path: Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> GatewayConfig:
+    """Defaults, then the TOML file, then ``HKGW_*`` environment variables, then CLI overrides."""
+    raw = default_section()
+    if path is not None:
+        try:
+            with path.open("rb") as fh:
+                from_file = tomllib.load(fh)
+        except OSError as exc:
+            raise ConfigError([(str(path), exc.strerror or str(exc))]) from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError([(str(path), f"not valid TOML: {exc}")]) from None
+        # A file that names its own carriers, backends or pools replaces the defaults wholesale.
+        for key in ("carriers", "backends", "pools"):
+            if key in from_file:
+                raw.pop(key)
+        if "routing" in from_file:
+            raw["routing"] = {}
+        raw = _merge(raw, from_file)
+    raw = _merge(raw, _env_overrides(os.environ if environ is None else environ))
+    if overrides:
+        raw = _merge(raw, overrides)
+    return validate(raw)

@@ -1,0 +1,379 @@
+"""One backend pool: a bounded priority queue per model, a dynamic batcher with Triton's semantics, and the
+call to the backend through the CPU pipeline and the circuit breaker.
+
+Batching follows Triton's dynamic batcher: a batch goes out at once when the queue holds one of the
+preferred sizes (the largest that fits) or ``max_batch_size``; otherwise the oldest request waits at most
+``max_queue_delay_us`` for company. Realtime requests are taken before interactive, interactive before
+batch. The queue is bounded: :meth:`PoolDispatcher.submit` refuses instead of growing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+
+import structlog
+
+from edgewire import pb
+from gateway.backends.base import Backend, BackendError, BackendHealth, InferCall, ModelSpec
+from gateway.config import PoolDispatch
+from gateway.dispatch.breaker import BreakerState, CircuitBreaker
+from gateway.dispatch.work import PRIORITY_ORDER, WorkItem
+from gateway.ops.metrics import GatewayMetrics
+from gateway.pipeline.base import Prepared
+from gateway.pipeline.registry import pipeline_for
+from routing.types import PoolSignals
+
+log = structlog.get_logger("gateway.dispatch")
+
+Respond = Callable[[WorkItem, pb.InferResponse], None]
+Reroute = Callable[[WorkItem, str], bool]  # (item, failed pool) -> True when another pool took it
+STATUS_BY_NAME = {name.removeprefix("STATUS_"): value for name, value in pb.Status.items()}
+
+
+@dataclass(slots=True)
+class _ModelQueue:
+    """Three FIFO lanes, one per priority class, for one (model, version)."""
+
+    lanes: tuple[deque[WorkItem], deque[WorkItem], deque[WorkItem]] = field(
+        default_factory=lambda: (deque(), deque(), deque())
+    )
+
+    def __len__(self) -> int:
+        return len(self.lanes[0]) + len(self.lanes[1]) + len(self.lanes[2])
+
+    def head(self) -> WorkItem | None:
+        for lane in self.lanes:
+            if lane:
+                return lane[0]
+        return None
+
+    def oldest_enqueued(self) -> float:
+        return min(lane[0].enqueued for lane in self.lanes if lane)
+
+    def take(self, n: int) -> list[WorkItem]:
+        out: list[WorkItem] = []
+        for lane in self.lanes:
+            while lane and len(out) < n:
+                out.append(lane.popleft())
+        return out
+
+
+class PoolDispatcher:
+    """Queues, batches and serves the requests routed to one pool."""
+
+    def __init__(
+        self,
+        name: str,
+        dispatch: PoolDispatch,
+        backend: Backend,
+        breaker: CircuitBreaker,
+        *,
+        max_queue_depth: int,
+        concurrency: int,
+        metrics: GatewayMetrics,
+        cpu_executor: Executor,
+        respond: Respond,
+        reroute: Reroute,
+        ewma_alpha: float = 0.2,
+    ) -> None:
+        self.name = name
+        self.dispatch = dispatch
+        self.backend = backend
+        self.breaker = breaker
+        self.max_queue_depth = max_queue_depth
+        self.concurrency = concurrency
+        self._metrics = metrics
+        self._cpu = cpu_executor
+        self._respond = respond
+        self._reroute = reroute
+        self._alpha = ewma_alpha
+        self._queues: dict[tuple[str, str], _ModelQueue] = {}
+        self._depth = 0
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(concurrency)
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._ewma_item_s = 0.0
+        self._max_batch = dispatch.max_batch_size if dispatch.batching else 1
+        self._preferred = sorted(p for p in dispatch.preferred_batch_sizes if p <= self._max_batch)
+        self._delay_s = dispatch.max_queue_delay_us / 1e6 if dispatch.batching else 0.0
+
+    # ------------------------------------------------------------------ signals for routing
+
+    @property
+    def depth(self) -> int:
+        return self._depth
+
+    def healthy(self, now: float) -> bool:
+        return (
+            self.backend.health() is BackendHealth.SERVING
+            and self.breaker.state(now) is not BreakerState.OPEN
+        )
+
+    def signals(self, now: float) -> PoolSignals:
+        return PoolSignals(
+            queue_depth=self._depth,
+            ewma_latency_s=self._ewma_item_s,
+            healthy=self.healthy(now),
+            concurrency=self.concurrency,
+        )
+
+    # ------------------------------------------------------------------ intake
+
+    def submit(self, item: WorkItem, now: float) -> bool:
+        """Queue an item; False when the pool's queue is full (the caller answers OVERLOADED)."""
+        if self._depth >= self.max_queue_depth:
+            return False
+        item.enqueued = now
+        key = (item.model, item.version)
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = _ModelQueue()
+        queue.lanes[PRIORITY_ORDER[item.priority]].append(item)
+        self._depth += 1
+        self._metrics.queue_depth.labels(self.name).set(self._depth)
+        self._wake.set()
+        return True
+
+    def take_queued(self) -> list[WorkItem]:
+        """Remove and return everything still queued (drain hands it back to the agents)."""
+        items = [item for queue in self._queues.values() for item in queue.take(len(queue))]
+        self._queues.clear()
+        self._depth = 0
+        self._metrics.queue_depth.labels(self.name).set(0)
+        return items
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"pool-{self.name}")
+
+    async def stop(self, timeout_s: float) -> None:
+        """Stop batching; wait up to ``timeout_s`` for in-flight calls, then cancel them."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        if self._inflight:
+            _, pending = await asyncio.wait(set(self._inflight), timeout=timeout_s)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    @property
+    def inflight(self) -> int:
+        return len(self._inflight)
+
+    # ------------------------------------------------------------------ batcher
+
+    def _pick(self) -> tuple[tuple[str, str], _ModelQueue] | None:
+        best: tuple[tuple[int, float], tuple[str, str], _ModelQueue] | None = None
+        for key, queue in self._queues.items():
+            head = queue.head()
+            if head is None:
+                continue
+            rank = (PRIORITY_ORDER[head.priority], head.enqueued)
+            if best is None or rank < best[0]:
+                best = (rank, key, queue)
+        return None if best is None else (best[1], best[2])
+
+    def _ready_size(self, queue: _ModelQueue, now: float) -> int:
+        """How many to take now; 0 = wait for more (Triton's preferred sizes and max queue delay)."""
+        n = len(queue)
+        if n >= self._max_batch:
+            return self._max_batch
+        fitting = [p for p in self._preferred if p <= n]
+        if fitting:
+            return fitting[-1]
+        if now - queue.oldest_enqueued() >= self._delay_s:
+            return n
+        return 0
+
+    async def _run(self) -> None:
+        while True:
+            picked = self._pick()
+            if picked is None:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            key, queue = picked
+            now = time.monotonic()
+            size = self._ready_size(queue, now)
+            if size == 0:
+                self._wake.clear()
+                wait = self._delay_s - (now - queue.oldest_enqueued())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=max(wait, 0.0))
+                continue
+            await self._slots.acquire()
+            items = queue.take(size)
+            self._depth -= len(items)
+            self._metrics.queue_depth.labels(self.name).set(self._depth)
+            if not queue:
+                del self._queues[key]
+            live = self._expire(items, time.monotonic())
+            if not live:
+                self._slots.release()
+                continue
+            task = asyncio.create_task(self._serve(live), name=f"batch-{self.name}")
+            self._inflight.add(task)
+            self._metrics.inflight.labels(self.name).set(len(self._inflight))
+            task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._inflight.discard(task)
+        self._slots.release()
+        self._metrics.inflight.labels(self.name).set(len(self._inflight))
+        if not task.cancelled() and task.exception() is not None:
+            log.error("batch task failed", pool=self.name, error=repr(task.exception()))
+
+    def _expire(self, items: list[WorkItem], now: float) -> list[WorkItem]:
+        live = []
+        for item in items:
+            self._metrics.queue_wait.labels(self.name).observe(now - item.enqueued)
+            if item.deadline is not None and item.deadline <= now:
+                self._metrics.shed.labels(self.name, "deadline").inc()
+                self._respond(item, self._status(item, "DEADLINE_EXCEEDED", "deadline passed in queue"))
+            else:
+                live.append(item)
+        return live
+
+    # ------------------------------------------------------------------ serving one batch
+
+    async def _serve(self, items: list[WorkItem]) -> None:
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        model, version = items[0].model, items[0].version
+        spec = self.backend.model(model, version)
+        if spec is None:
+            for item in items:
+                self._respond(item, self._status(item, "MODEL_NOT_FOUND", f"{self.name} does not serve it"))
+            return
+        if not self.breaker.allow(now):
+            self._fail(items, BackendError("circuit breaker open", retryable=True, status="UNAVAILABLE"))
+            return
+        pipeline = pipeline_for(spec.pipeline)
+        requests = [item.request for item in items]
+        t_pre = time.perf_counter()
+        prepared = await loop.run_in_executor(self._cpu, pipeline.prepare, requests, spec)
+        t_infer = time.perf_counter()
+        self._reject_inputs(items, prepared, spec)
+        if not prepared.kept:
+            return
+        kept = [items[i] for i in prepared.kept]
+        deadlines = [d for d in (item.remaining(time.monotonic()) for item in kept) if d is not None]
+        call = InferCall(
+            model=model,
+            version=version,
+            inputs=prepared.inputs,
+            priority=min((item.priority for item in kept), key=PRIORITY_ORDER.__getitem__),
+            timeout_s=min(deadlines) if deadlines else None,
+        )
+        self._metrics.batch_size.labels(self.name).observe(len(kept))
+        try:
+            result = await self.backend.infer(call)
+        except BackendError as exc:
+            self._account_failure(exc, time.perf_counter() - t_infer)
+            self._fail(kept, exc)
+            return
+        except Exception as exc:  # a backend bug must not take the pool down; it counts as a failure
+            log.exception("backend raised", pool=self.name, backend=self.backend.name)
+            self._account_failure(BackendError(repr(exc), retryable=True), time.perf_counter() - t_infer)
+            self._fail(kept, BackendError(f"backend error: {exc!r}", retryable=True, status="INTERNAL"))
+            return
+        t_post = time.perf_counter()
+        self._succeeded(t_post - t_infer, len(kept))
+        outputs = pipeline.finish(prepared, result.outputs, [item.request for item in kept])
+        timing = pb.ServerTiming(
+            preprocess_us=int((t_infer - t_pre) * 1e6),
+            infer_us=int((t_post - t_infer) * 1e6),
+            postprocess_us=int((time.perf_counter() - t_post) * 1e6),
+        )
+        self._answer(kept, outputs, model, result.model_version, timing, started=now)
+
+    def _succeeded(self, infer_s: float, items: int) -> None:
+        self.breaker.success()
+        self._metrics.breaker_state.labels(self.backend.name).set(BreakerState.CLOSED)
+        self._metrics.backend_calls.labels(self.backend.name, "ok").inc()
+        self._metrics.backend_latency.labels(self.backend.name).observe(infer_s)
+        per_item = infer_s / items
+        alpha = self._alpha
+        self._ewma_item_s = (
+            per_item if not self._ewma_item_s else alpha * per_item + (1 - alpha) * self._ewma_item_s
+        )
+
+    def _answer(
+        self,
+        items: Sequence[WorkItem],
+        outputs: Sequence[list[pb.Tensor]],
+        model: str,
+        version: str,
+        timing: pb.ServerTiming,
+        started: float,
+    ) -> None:
+        now = time.monotonic()
+        for item, tensors in zip(items, outputs, strict=True):
+            if item.deadline is not None and item.deadline < now:
+                # A late answer is no answer: the caller has given up on it.
+                self._metrics.shed.labels(self.name, "late").inc()
+                self._respond(
+                    item, self._status(item, "DEADLINE_EXCEEDED", "deadline passed during inference")
+                )
+                continue
+            response = pb.InferResponse(
+                request_id=item.request.request_id,
+                status=pb.STATUS_OK,
+                outputs=tensors,
+                model_name=model,
+                model_version=version,
+                timing=timing,
+            )
+            response.timing.queue_us = int(max(0.0, started - item.enqueued) * 1e6)
+            self._respond(item, response)
+
+    def _reject_inputs(self, items: Sequence[WorkItem], prepared: Prepared, spec: ModelSpec) -> None:
+        if prepared.padded_elements:
+            waste = 1.0 - prepared.real_elements / prepared.padded_elements
+            self._metrics.padding_waste.labels(self._metrics.model_label(spec.name)).observe(waste)
+        for index, (label, detail) in prepared.rejected.items():
+            self._metrics.input_rejected.labels(self._metrics.model_label(spec.name), label).inc()
+            self._respond(items[index], self._status(items[index], "INVALID_ARGUMENT", f"{label}: {detail}"))
+
+    def _account_failure(self, exc: BackendError, elapsed_s: float) -> None:
+        outcome = "overloaded" if exc.overloaded else exc.status.lower()
+        self._metrics.backend_calls.labels(self.backend.name, outcome).inc()
+        self._metrics.backend_latency.labels(self.backend.name).observe(elapsed_s)
+        if not exc.overloaded and exc.status not in (
+            "DEADLINE_EXCEEDED",
+            "INVALID_ARGUMENT",
+            "MODEL_NOT_FOUND",
+        ):
+            now = time.monotonic()
+            self.breaker.failure(now)
+            self._metrics.breaker_state.labels(self.backend.name).set(self.breaker.state(now))
+
+    def _fail(self, items: Sequence[WorkItem], exc: BackendError) -> None:
+        """Retry each item once on another pool when the error allows it, else answer with the error."""
+        for item in items:
+            item.attempts += 1
+            if (exc.retryable or exc.overloaded) and item.attempts <= 1 and self._reroute(item, self.name):
+                continue
+            status = "OVERLOADED" if exc.overloaded else exc.status
+            if exc.overloaded:
+                self._metrics.shed.labels(self.name, "backend_overloaded").inc()
+            self._respond(item, self._status(item, status, str(exc)))
+
+    def _status(self, item: WorkItem, status: str, message: str) -> pb.InferResponse:
+        return pb.InferResponse(
+            request_id=item.request.request_id,
+            status=STATUS_BY_NAME.get(status, pb.STATUS_INTERNAL),
+            error_message=message,
+            model_name=item.model,
+        )

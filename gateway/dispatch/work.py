@@ -1,0 +1,42 @@
+"""A request on its way through the gateway, from acceptance to its response."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edgewire import pb
+from routing.types import Decision, Priority
+
+PRIORITY_ORDER: dict[Priority, int] = {Priority.REALTIME: 0, Priority.INTERACTIVE: 1, Priority.BATCH: 2}
+WIRE_PRIORITY: dict[Priority, pb.PriorityClass.ValueType] = {
+    Priority.REALTIME: pb.PRIORITY_CLASS_REALTIME,
+    Priority.INTERACTIVE: pb.PRIORITY_CLASS_INTERACTIVE,
+    Priority.BATCH: pb.PRIORITY_CLASS_BATCH,
+}
+
+
+@dataclass(slots=True)
+class WorkItem:
+    """One accepted request. Times are the gateway's monotonic clock."""
+
+    request: pb.InferRequest
+    agent_id: str
+    region: str
+    carrier: str
+    priority: Priority
+    received: float
+    deadline: float | None  # monotonic; None = no deadline
+    decision: Decision
+    enqueued: float = 0.0
+    attempts: int = 0  # backend attempts so far (a retry goes to another pool)
+
+    @property
+    def model(self) -> str:
+        return self.request.model_name
+
+    @property
+    def version(self) -> str:
+        return self.request.model_version
+
+    def remaining(self, now: float) -> float | None:
+        return None if self.deadline is None else self.deadline - now

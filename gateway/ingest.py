@@ -1,0 +1,410 @@
+"""What happens to a frame once a carrier has read it: decode -> authenticate -> dedupe -> route -> queue,
+and the acknowledgement that tells the agent which requests the gateway now owns.
+
+Everything here runs on the event loop without awaiting; the expensive parts (the CPU pipeline and the
+backend call) happen later in the pool dispatchers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import structlog
+import zmq
+from google.protobuf.message import Message
+
+from edgewire import FrameCodec, FrameError, is_valid_id, now_unix_us, pb
+from gateway.config import GatewayConfig
+from gateway.dedupe import DedupeWindow, RequestState, ResponseCache
+from gateway.dispatch.pool import PoolDispatcher
+from gateway.dispatch.work import WorkItem
+from gateway.ingress.auth import AgentAuthenticator
+from gateway.ingress.carrier import CarrierIngress
+from gateway.ops.metrics import GatewayMetrics
+from gateway.profile import profile_of, wire_priority
+from gateway.replies import ReplyRouter
+from routing.geo import RegionResolver
+from routing.holder import PolicyHolder
+from routing.types import Decision, PoolSignals, Priority, Reason
+
+log = structlog.get_logger("gateway.ingest")
+
+KIND_LABELS = {
+    v: pb.MessageKind.Name(v).removeprefix("MESSAGE_KIND_").lower() for v in pb.MessageKind.values()
+}
+NACK_LABELS = {v: pb.NackReason.Name(v).removeprefix("NACK_REASON_").lower() for v in pb.NackReason.values()}
+TIER_WIRE = {"edge_device": pb.TIER_EDGE_DEVICE, "edge_server": pb.TIER_EDGE_SERVER, "cloud": pb.TIER_CLOUD}
+# How a routing rejection is told to the agent.
+_REJECT_NACKS: dict[Reason, pb.NackReason.ValueType] = {
+    Reason.REJECT_OVERLOADED: pb.NACK_REASON_OVERLOADED,
+    Reason.REJECT_UNAVAILABLE: pb.NACK_REASON_OVERLOADED,
+    Reason.REJECT_DEADLINE: pb.NACK_REASON_DEADLINE_EXPIRED,
+    Reason.REJECT_NO_MODEL: pb.NACK_REASON_UNKNOWN_MODEL,
+    Reason.REJECT_NO_POOL: pb.NACK_REASON_INVALID_REQUEST,
+}
+RETRYABLE_NACKS = frozenset({pb.NACK_REASON_OVERLOADED, pb.NACK_REASON_DRAINING})
+
+
+class LogSampler:
+    """At most one log line per key per interval: a flood of bad frames must not become a flood of logs.
+
+    The metrics count every one; the log shows what they look like.
+    """
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def allow(self, key: str, now: float) -> int | None:
+        """None to stay quiet; else the number of lines suppressed since the last one."""
+        if now - self._last.get(key, float("-inf")) < self.interval_s:
+            self._suppressed[key] = self._suppressed.get(key, 0) + 1
+            return None
+        self._last[key] = now
+        return self._suppressed.pop(key, 0)
+
+
+@dataclass(slots=True)
+class _Frame:
+    carrier: CarrierIngress
+    routing_id: bytes
+    envelope: pb.Envelope
+    agent_id: str
+    region: str
+
+
+class Ingest:
+    """The gateway's per-frame logic, shared by all carriers."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        codec: FrameCodec,
+        policy: PolicyHolder,
+        pools: Mapping[str, PoolDispatcher],
+        replies: ReplyRouter,
+        metrics: GatewayMetrics,
+        regions: RegionResolver,
+        authenticator: AgentAuthenticator | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._config = config
+        self._codec = codec
+        self._policy = policy
+        self._pools = pools
+        self._replies = replies
+        self._metrics = metrics
+        self._regions = regions
+        self._auth = authenticator
+        self._clock = clock
+        self.dedupe = DedupeWindow(config.dedupe.window_s, config.dedupe.max_entries)
+        self.responses = ResponseCache(config.dedupe.response_cache_bytes)
+        self.draining = False
+        self._retry_after_ms = config.replies.retry_after_ms
+        self._reject_log = LogSampler(interval_s=1.0)
+
+    # ------------------------------------------------------------------ entry point
+
+    def on_message(self, carrier: CarrierIngress, frames: list[zmq.Frame]) -> None:
+        """Handle one multipart message from a carrier's ROUTER: [routing id, envelope, payload]."""
+        routing_id = frames[0].bytes
+        body = [f.buffer for f in frames[1:]]
+        self._metrics.bytes_received.labels(carrier.name).inc(sum(len(b) for b in body))
+        try:
+            envelope = self._codec.decode_envelope(body)
+        except FrameError as exc:
+            self._reject(carrier, routing_id, body[0] if body else b"", exc)
+            return
+        self._metrics.frames_received.labels(carrier.name, KIND_LABELS.get(envelope.kind, "other")).inc()
+        agent_id, region = self._identify(frames[1], envelope, carrier, routing_id)
+        if agent_id is None:
+            return
+        frame = _Frame(carrier, routing_id, envelope, agent_id, region)
+        self._replies.seen(agent_id, carrier.name, routing_id, self._clock())
+        kind = envelope.kind
+        if kind == pb.MESSAGE_KIND_PING:
+            self._answer_ping(frame, body[1])
+        elif kind == pb.MESSAGE_KIND_REQUEST_BATCH:
+            self._take_batch(frame, body[1])
+        elif kind == pb.MESSAGE_KIND_DICTIONARY_REQUEST:
+            self._answer_dictionary(frame, body[1])
+        else:
+            self._reject(
+                carrier,
+                routing_id,
+                body[0],
+                FrameError(pb.REJECT_REASON_UNEXPECTED_KIND, KIND_LABELS.get(kind, str(kind))),
+            )
+
+    # ------------------------------------------------------------------ identity
+
+    def _identify(
+        self, header: zmq.Frame, envelope: pb.Envelope, carrier: CarrierIngress, routing_id: bytes
+    ) -> tuple[str | None, str]:
+        """The authenticated agent id and its region; the envelope must agree with the key's identity."""
+        if self._auth is None:  # plaintext on loopback: the envelope is all there is
+            peer = str(header.get("Peer-Address"))
+            return envelope.agent_id or "anonymous", self._regions.resolve(envelope.region, peer)
+        user_id = str(header.get("User-Id") or "")
+        identity = self._auth.identity(user_id) if user_id else None
+        if identity is None:
+            self._reject(
+                carrier, routing_id, b"", FrameError(pb.REJECT_REASON_UNKNOWN_AGENT, "no identity"), envelope
+            )
+            return None, ""
+        if envelope.agent_id != identity.agent_id:
+            self._reject(
+                carrier,
+                routing_id,
+                b"",
+                FrameError(pb.REJECT_REASON_AGENT_MISMATCH, f"envelope says {envelope.agent_id!r}"),
+                envelope,
+            )
+            return None, ""
+        return identity.agent_id, self._regions.resolve(identity.region)
+
+    # ------------------------------------------------------------------ control messages
+
+    def _answer_ping(self, frame: _Frame, body: memoryview) -> None:
+        ping = self._payload(frame, body)
+        if not isinstance(ping, pb.Ping):
+            return
+        limits = self._config.limits
+        pong = pb.Pong(
+            nonce=ping.nonce,
+            ping_sent_at_unix_us=frame.envelope.sent_at_unix_us,
+            server_time_unix_us=now_unix_us(),
+            dict_ids=self._codec.dictionaries.ids(),
+            preferred_dict_id=self._codec.dictionaries.preferred,
+            limits=pb.Limits(
+                max_frame_bytes=limits.max_frame_bytes,
+                max_decompressed_bytes=limits.max_decompressed_bytes,
+                max_records=limits.max_records,
+            ),
+            draining=self.draining,
+        )
+        self._send(frame, pong)
+
+    def _answer_dictionary(self, frame: _Frame, body: memoryview) -> None:
+        request = self._payload(frame, body)
+        if not isinstance(request, pb.DictionaryRequest):
+            return
+        raw = self._codec.dictionaries.raw(request.dict_id) or b""
+        self._send(frame, pb.DictionaryResponse(dict_id=request.dict_id, dictionary=raw))
+
+    def _send(self, frame: _Frame, payload: Message) -> None:
+        frames = self._codec.encode(payload, agent_id=frame.agent_id, region="hk", dict_id=0)
+        self._replies.send_control(frame.carrier, frame.routing_id, frames)
+
+    def _payload(self, frame: _Frame, body: memoryview) -> Message | None:
+        try:
+            return self._codec.decode_payload(frame.envelope, body)
+        except FrameError as exc:
+            self._reject(frame.carrier, frame.routing_id, b"", exc, frame.envelope)
+            return None
+
+    # ------------------------------------------------------------------ requests
+
+    def _take_batch(self, frame: _Frame, body: memoryview) -> None:
+        batch = self._payload(frame, body)
+        if not isinstance(batch, pb.RequestBatch):
+            return
+        now = self._clock()
+        wall_us = now_unix_us()
+        ack = pb.Ack(acked_message_id=frame.envelope.message_id)
+        signals: dict[str, PoolSignals] = {}  # filled on first use, updated as this frame fills queues
+        for request in batch.requests:
+            admitted = self._screen(frame, request, now, wall_us, ack)
+            if admitted is not None and self._queue(frame, request, *admitted, now, signals, ack):
+                self.dedupe.accept(request.request_id, now)
+                ack.accepted_ids.append(request.request_id)
+        self._metrics.accepted.labels(frame.carrier.name).inc(len(ack.accepted_ids))
+        self._metrics.dedupe_entries.set(len(self.dedupe))
+        self._send(frame, ack)
+
+    def _screen(
+        self, frame: _Frame, request: pb.InferRequest, now: float, wall_us: int, ack: pb.Ack
+    ) -> tuple[Priority, float | None] | None:
+        """Checks that need no routing: id, duplicate, model, size, deadline, drain. None = answered."""
+        rid = request.request_id
+        priority = wire_priority(request.priority or frame.envelope.priority)
+        model = self._metrics.model_label(request.model_name)
+        self._metrics.requests.labels(self._metrics.region_label(frame.region), model, priority.value).inc()
+        if not is_valid_id(rid):
+            self._nack(ack, rid, pb.NACK_REASON_INVALID_REQUEST, "request_id is not a 16-byte UUIDv7")
+            return None
+        state = self.dedupe.state(rid, now)
+        if state is not None:
+            ack.duplicate_ids.append(rid)
+            self._metrics.duplicates.labels(frame.carrier.name).inc()
+            if state is RequestState.DONE:
+                self._redeliver(frame.agent_id, rid)
+            return None
+        if request.model_name not in self._policy.policy.config.models:
+            self._nack(ack, rid, pb.NACK_REASON_UNKNOWN_MODEL, f"model {request.model_name!r}")
+            return None
+        if len(request.parameters) > self._config.limits.max_parameters:
+            self._nack(ack, rid, pb.NACK_REASON_INVALID_REQUEST, "too many parameters")
+            return None
+        deadline_us = request.deadline_unix_us or frame.envelope.deadline_unix_us
+        remaining = (deadline_us - wall_us) / 1e6 if deadline_us else None
+        if remaining is not None and remaining <= 0:
+            self._nack(ack, rid, pb.NACK_REASON_DEADLINE_EXPIRED, f"expired {-remaining * 1000:.1f} ms ago")
+            return None
+        if self.draining:
+            self._nack(ack, rid, pb.NACK_REASON_DRAINING, "gateway is draining")
+            return None
+        return priority, remaining
+
+    def _queue(
+        self,
+        frame: _Frame,
+        request: pb.InferRequest,
+        priority: Priority,
+        remaining: float | None,
+        now: float,
+        signals: dict[str, PoolSignals],
+        ack: pb.Ack,
+    ) -> bool:
+        """Route a screened request and queue it on its pool; False when it was nacked instead."""
+        rid = request.request_id
+        if not signals:
+            signals.update({name: pool.signals(now) for name, pool in self._pools.items()})
+        decision = self._policy.policy.decide(profile_of(request, priority, remaining, frame.region), signals)
+        self._count_decision(decision)
+        if decision.rejected or decision.pool is None:
+            nack = _REJECT_NACKS.get(decision.reason, pb.NACK_REASON_OVERLOADED)
+            self._nack(ack, rid, nack, decision.reason)
+            return False
+        item = WorkItem(
+            request=request,
+            agent_id=frame.agent_id,
+            region=frame.region,
+            carrier=frame.carrier.name,
+            priority=priority,
+            received=now,
+            deadline=None if remaining is None else now + remaining,
+            decision=decision,
+        )
+        pool = self._pools[decision.pool]
+        if not pool.submit(item, now):
+            self._metrics.shed.labels(decision.pool, "queue_full").inc()
+            self._nack(ack, rid, pb.NACK_REASON_OVERLOADED, f"pool {decision.pool} queue full")
+            return False
+        signals[decision.pool] = pool.signals(now)
+        return True
+
+    def _count_decision(self, decision: Decision) -> None:
+        self._metrics.decisions.labels(
+            decision.tier.value, decision.pool or "none", decision.reason.value
+        ).inc()
+
+    def _nack(self, ack: pb.Ack, rid: bytes, reason: pb.NackReason.ValueType, detail: str) -> None:
+        retry = self._retry_after_ms if reason in RETRYABLE_NACKS else 0
+        ack.nacks.append(pb.Nack(request_id=rid, reason=reason, retry_after_ms=retry, detail=detail))
+        self._metrics.nacks.labels(NACK_LABELS[reason]).inc()
+
+    def _redeliver(self, agent_id: str, rid: bytes) -> None:
+        cached = self.responses.get(rid)
+        if cached is not None:
+            self._replies.respond(agent_id, pb.InferResponse.FromString(cached))
+
+    def reroute(self, item: WorkItem, failed_pool: str) -> bool:
+        """Give a request whose pool failed to another pool (spillover with that pool marked unhealthy)."""
+        now = self._clock()
+        failed_backend = self._pools[failed_pool].backend
+        # Every pool on the failed backend is out for this request, so the spillover leaves that backend.
+        signals = {
+            name: PoolSignals(healthy=False) if pool.backend is failed_backend else pool.signals(now)
+            for name, pool in self._pools.items()
+        }
+        remaining = item.remaining(now)
+        if remaining is not None and remaining <= 0:
+            return False
+        decision = self._policy.policy.decide(
+            profile_of(item.request, item.priority, remaining, item.region), signals
+        )
+        self._count_decision(decision)
+        if decision.rejected or decision.pool is None or decision.pool == failed_pool:
+            return False
+        item.decision = decision
+        return self._pools[decision.pool].submit(item, now)
+
+    # ------------------------------------------------------------------ responses
+
+    def respond(self, item: WorkItem, response: pb.InferResponse) -> None:
+        """Finish a request: fill in routing facts and timing, remember it, send it to its agent."""
+        decision: Decision = item.decision
+        response.tier = TIER_WIRE[decision.tier.value]
+        response.pool = decision.pool or ""
+        response.route_reason = decision.reason.value
+        if not response.model_name:
+            response.model_name = item.model
+        elapsed = self._clock() - item.received
+        response.timing.total_us = int(elapsed * 1e6)
+        status = pb.Status.Name(response.status).removeprefix("STATUS_").lower()
+        self._metrics.responses.labels(status, decision.tier.value, response.pool or "none").inc()
+        self._metrics.latency.labels(decision.tier.value, response.pool or "none").observe(elapsed)
+        rid = item.request.request_id
+        if response.status in (pb.STATUS_OVERLOADED, pb.STATUS_UNAVAILABLE):
+            response.retry_after_ms = self._retry_after_ms
+            self.dedupe.forget(rid)  # the agent will resend; that resend must be served
+        else:
+            self.dedupe.done(rid)
+            if self.responses.max_bytes:
+                self.responses.put(rid, response.SerializeToString())
+        self._replies.respond(item.agent_id, response)
+
+    def flush_replies(self) -> None:
+        self._replies.flush()
+
+    def hand_back(self, items: list[WorkItem], reason: str) -> None:
+        """Answer queued requests UNAVAILABLE (retryable) on drain so the agents send them elsewhere."""
+        for item in items:
+            self.respond(
+                item,
+                pb.InferResponse(
+                    request_id=item.request.request_id,
+                    status=pb.STATUS_UNAVAILABLE,
+                    error_message=reason,
+                ),
+            )
+
+    # ------------------------------------------------------------------ refusals
+
+    def _reject(
+        self,
+        carrier: CarrierIngress,
+        routing_id: bytes,
+        header: bytes | memoryview,
+        exc: FrameError,
+        envelope: pb.Envelope | None = None,
+    ) -> None:
+        """Count a refused frame; answer an Ack with frame_reject when the sender can be told which frame."""
+        self._metrics.frames_rejected.labels(carrier.name, exc.label).inc()
+        suppressed = self._reject_log.allow(exc.label, self._clock())
+        if suppressed is not None:
+            log.info(
+                "frame rejected",
+                carrier=carrier.name,
+                reason=exc.label,
+                detail=exc.detail[:200],
+                suppressed_since_last=suppressed,
+            )
+        if envelope is None:
+            try:
+                envelope = pb.Envelope.FromString(bytes(header))
+            except Exception:  # noqa: BLE001  (unparseable: there is nobody to tell, and it is counted)
+                return
+        if not is_valid_id(envelope.message_id) or envelope.kind != pb.MESSAGE_KIND_REQUEST_BATCH:
+            return
+        ack = pb.Ack(
+            acked_message_id=envelope.message_id,
+            frame_reject=exc.reason,
+            frame_reject_detail=exc.detail[:200],
+        )
+        frames = self._codec.encode(ack, agent_id=envelope.agent_id, region="hk", dict_id=0)
+        self._replies.send_control(carrier, routing_id, frames)

@@ -1,0 +1,219 @@
+"""One carrier uplink: a ROUTER socket bound on that carrier's ingress address, with its liveness.
+
+Socket options are set deliberately: ROUTER_MANDATORY (a reply to a vanished agent raises and is counted
+instead of vanishing), bounded HWMs, MAXMSGSIZE from the codec limits (libzmq drops larger messages before
+Python sees them), ZMTP heartbeats (dead agents are noticed), and CURVE with a ZAP domain per carrier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import time
+from collections.abc import Callable
+from typing import Any, cast
+
+import structlog
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from gateway.config import CarrierConfig, LimitsConfig, ZmqConfig
+from gateway.ops.metrics import GatewayMetrics
+
+log = structlog.get_logger("gateway.ingress")
+
+OnMessage = Callable[["CarrierIngress", list[zmq.Frame]], None]
+_HANDSHAKE_FAILURES: dict[int, str] = {
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "no_detail",
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol",
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "auth",
+}
+_MONITORED = (
+    zmq.EVENT_ACCEPTED
+    | zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+
+
+def _consume(future: asyncio.Future[object]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("queued send failed", error=repr(future.exception()))
+
+
+class SendResult:
+    SENT = "sent"
+    UNREACHABLE = "unreachable"  # no such peer on this carrier (ROUTER_MANDATORY)
+    FULL = "full"  # peer's queue at HWM
+    CLOSED = "closed"
+
+
+class CarrierIngress:
+    """Receives agent traffic on one carrier and sends replies to agents connected through it."""
+
+    def __init__(
+        self,
+        config: CarrierConfig,
+        context: zmq.asyncio.Context,
+        zmq_config: ZmqConfig,
+        limits: LimitsConfig,
+        metrics: GatewayMetrics,
+        on_message: OnMessage,
+        security: dict[int, Any] | None = None,
+    ) -> None:
+        self.name = config.name
+        self.bind = config.bind
+        self._ctx = context
+        self._zcfg = zmq_config
+        self._limits = limits
+        self._metrics = metrics
+        self._on_message = on_message
+        self._security = security or {}
+        self._sock: zmq.asyncio.Socket | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.peers = 0
+        self.last_recv = 0.0
+        self.messages = 0
+        self.failed: str | None = None  # set when the receive loop died
+        self.enabled = True  # operator can take one carrier out (maintenance)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Create and bind the ROUTER; raises zmq.ZMQError when the address cannot be bound."""
+        sock = self._ctx.socket(zmq.ROUTER)
+        z = self._zcfg
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.RCVHWM, z.rcvhwm)
+        sock.setsockopt(zmq.SNDHWM, z.sndhwm)
+        sock.setsockopt(zmq.LINGER, z.linger_ms)
+        # libzmq drops a message part over MAXMSGSIZE and disconnects its peer, before Python sees it and
+        # without a reason we could count. Set it at twice the codec's limit: frames moderately over the
+        # limit reach the codec and are refused as frame_too_large (counted); giant ones never allocate.
+        sock.setsockopt(zmq.MAXMSGSIZE, 2 * self._limits.max_frame_bytes + self._limits.max_header_bytes)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, z.heartbeat_ivl_ms)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, z.heartbeat_timeout_ms)
+        sock.setsockopt(zmq.HEARTBEAT_TTL, z.heartbeat_ttl_ms)
+        sock.setsockopt(zmq.ZAP_DOMAIN, self.name.encode())
+        for option, value in self._security.items():
+            sock.setsockopt(option, value)
+        monitor = sock.get_monitor_socket(_MONITORED)
+        try:
+            sock.bind(self.bind)
+        except zmq.ZMQError:
+            sock.disable_monitor()
+            monitor.close(0)
+            sock.close(0)
+            raise
+        self._sock = sock
+        self._tasks = [
+            asyncio.create_task(self._receive(sock), name=f"carrier-{self.name}"),
+            asyncio.create_task(self._monitor(monitor), name=f"monitor-{self.name}"),
+        ]
+        self._metrics.carrier_peers.labels(self.name).set(0)
+        log.info("carrier bound", carrier=self.name, endpoint=self.endpoint, curve=bool(self._security))
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        if self._sock is not None:
+            self._sock.disable_monitor()
+            self._sock.close(self._zcfg.linger_ms)
+            self._sock = None
+
+    @property
+    def endpoint(self) -> str:
+        """The address actually bound (``tcp://127.0.0.1:*`` binds a free port)."""
+        if self._sock is None:
+            return self.bind
+        last = self._sock.getsockopt(zmq.LAST_ENDPOINT)
+        return last.decode() if isinstance(last, bytes) else str(last)
+
+    @property
+    def bound(self) -> bool:
+        return self._sock is not None
+
+    @property
+    def receiving(self) -> bool:
+        return bool(self._tasks) and not self._tasks[0].done()
+
+    def stalled(self, now: float, stall_s: float) -> bool:
+        """True when input is waiting but nothing was read for ``stall_s``: the carrier passes no traffic."""
+        if self._sock is None:
+            return True
+        pending = bool(int(self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+        return pending and now - self.last_recv > stall_s
+
+    # ------------------------------------------------------------------ traffic
+
+    async def _receive(self, sock: zmq.asyncio.Socket) -> None:
+        burst = self._zcfg.max_messages_per_wakeup
+        try:
+            while True:
+                self._deliver(await sock.recv_multipart(copy=False))
+                for _ in range(burst - 1):
+                    try:
+                        frames = await sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    self._deliver(frames)
+                # Under sustained load every recv completes at once and never yields: let the batchers,
+                # the replies and the health task run between bursts.
+                await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.failed = repr(exc)
+            log.exception("carrier receive loop died", carrier=self.name)
+            raise
+
+    def _deliver(self, frames: list[zmq.Frame]) -> None:
+        self.last_recv = time.monotonic()
+        self.messages += 1
+        self._on_message(self, frames)
+
+    def send(self, routing_id: bytes, frames: list[bytes]) -> str:
+        """Send one message to a peer without blocking; the result says what happened."""
+        sock = self._sock
+        if sock is None:
+            return SendResult.CLOSED
+        # A non-blocking send on a zmq.asyncio socket completes at once; its outcome is on the future.
+        future = cast("asyncio.Future[object]", sock.send_multipart([routing_id, *frames], flags=zmq.NOBLOCK))
+        if not future.done():  # another send was still queued: this one goes out after it
+            future.add_done_callback(_consume)
+            return SendResult.SENT
+        exc = future.exception()
+        if exc is None:
+            return SendResult.SENT
+        if isinstance(exc, zmq.Again):
+            return SendResult.FULL
+        if isinstance(exc, zmq.ZMQError) and exc.errno == errno.EHOSTUNREACH:
+            return SendResult.UNREACHABLE
+        raise exc
+
+    async def _monitor(self, monitor: zmq.asyncio.Socket) -> None:
+        try:
+            while True:
+                event = parse_monitor_message(await monitor.recv_multipart())
+                kind = event["event"]
+                if kind == zmq.EVENT_ACCEPTED:
+                    self.peers += 1
+                elif kind == zmq.EVENT_DISCONNECTED:
+                    self.peers = max(0, self.peers - 1)
+                elif kind in _HANDSHAKE_FAILURES:
+                    reason = _HANDSHAKE_FAILURES[kind]
+                    self._metrics.handshake_failures.labels(self.name, reason).inc()
+                    log.info(
+                        "handshake refused",
+                        carrier=self.name,
+                        reason=reason,
+                        peer=event.get("endpoint", b"").decode(errors="replace"),
+                    )
+                self._metrics.carrier_peers.labels(self.name).set(self.peers)
+        finally:
+            monitor.close(0)

@@ -1,0 +1,104 @@
+"""Carrier health for GeoDNS (and BGP): UP / DEGRADED / DRAINING / DOWN, with hysteresis.
+
+The event loop evaluates health every ``interval_s`` and publishes an immutable snapshot; the HTTP thread
+only reads the latest snapshot, so a health check is answered at once however busy the loop is, and a
+snapshot that stops being refreshed (a wedged loop) reads as DOWN.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+class CarrierState(enum.StrEnum):
+    UP = "UP"
+    DEGRADED = "DEGRADED"
+    DRAINING = "DRAINING"
+    DOWN = "DOWN"
+
+    @property
+    def http_status(self) -> int:
+        return 200 if self in (CarrierState.UP, CarrierState.DEGRADED) else 503
+
+    @property
+    def gauge(self) -> float:
+        return {CarrierState.UP: 1.0, CarrierState.DEGRADED: 0.5}.get(self, 0.0)
+
+
+_BADNESS = {CarrierState.UP: 0, CarrierState.DEGRADED: 1, CarrierState.DOWN: 2}
+
+
+@dataclass(frozen=True, slots=True)
+class CarrierProbe:
+    """One evaluation's raw facts about a carrier."""
+
+    bound: bool
+    receiving: bool
+    stalled: bool
+    disabled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class HealthSnapshot:
+    """What the HTTP thread serves; replaced whole on each evaluation."""
+
+    evaluated_at: float
+    carriers: Mapping[str, CarrierState]
+    details: Mapping[str, str]
+    ready: bool
+    draining: bool
+    tiers: Mapping[str, bool] = field(default_factory=dict)
+
+
+class Hysteresis:
+    """A state that changes only after the new raw state held ``rise`` (better) or ``fall`` (worse) times.
+
+    DRAINING is operator intent and applies at once; so does leaving it.
+    """
+
+    def __init__(self, rise: int, fall: int) -> None:
+        self.rise = rise
+        self.fall = fall
+        self.state = CarrierState.DOWN
+        self._candidate = CarrierState.DOWN
+        self._count = 0
+        self._first = True
+
+    def update(self, raw: CarrierState) -> CarrierState:
+        if self._first:  # the first evaluation is taken as it is: there is no history to flap against
+            self._first = False
+            self.state = self._candidate = raw
+            return raw
+        if raw is CarrierState.DRAINING or self.state is CarrierState.DRAINING:
+            self.state = self._candidate = raw
+            self._count = 0
+            return self.state
+        if raw is self.state:
+            self._candidate, self._count = raw, 0
+            return self.state
+        if raw is not self._candidate:
+            self._candidate, self._count = raw, 0
+        self._count += 1
+        needed = self.fall if _BADNESS[raw] > _BADNESS[self.state] else self.rise
+        if self._count >= needed:
+            self.state, self._count = raw, 0
+        return self.state
+
+
+def raw_state(probe: CarrierProbe, *, draining: bool, degraded: bool) -> tuple[CarrierState, str]:
+    """The state one probe shows before hysteresis, with a short reason."""
+    if draining:
+        return CarrierState.DRAINING, "gateway draining"
+    if probe.disabled:
+        return CarrierState.DRAINING, "carrier disabled by operator"
+    if not probe.bound:
+        return CarrierState.DOWN, "not bound"
+    if not probe.receiving:
+        return CarrierState.DOWN, "receive loop stopped"
+    if probe.stalled:
+        return CarrierState.DOWN, "input waiting, none read"
+    if degraded:
+        return CarrierState.DEGRADED, "a tier has no healthy pool"
+    return CarrierState.UP, "bound and passing traffic"

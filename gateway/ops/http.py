@@ -1,0 +1,148 @@
+"""The HTTP side: health for GeoDNS and load balancers, Prometheus metrics, carrier maintenance switches.
+
+It runs on its own thread and event loop, so that a saturated ingest loop cannot delay a health check past
+a GeoDNS probe's timeout. It reads only the latest health snapshot and the metrics registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+
+from aiohttp import web
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from gateway.ops.health import CarrierState, HealthSnapshot
+from gateway.ops.metrics import GatewayMetrics
+
+# PowerDNS ifurlup needs exactly 200 and Route 53 matches on the first 5120 bytes: keep bodies short.
+_TEXT = "text/plain"
+
+
+class HealthServer:
+    """aiohttp on a private thread. ``snapshot`` is a callable returning the latest HealthSnapshot."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        snapshot: Callable[[], HealthSnapshot],
+        metrics: GatewayMetrics,
+        set_carrier_enabled: Callable[[str, bool], bool],
+        stale_after_s: float,
+    ) -> None:
+        self._host = host
+        self._port = port
+        self._snapshot = snapshot
+        self._metrics = metrics
+        self._set_enabled = set_carrier_enabled
+        self._stale_after_s = stale_after_s
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+        self.port = port
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        self._thread = threading.Thread(target=self._main, name="hkgw-http", daemon=True)
+        self._thread.start()
+        if not self._started.wait(timeout_s):
+            raise RuntimeError("HTTP server did not start")
+        if self._error is not None:
+            raise self._error
+
+    def _main(self) -> None:
+        loop = self._loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(self._serve())
+        except BaseException as exc:  # noqa: BLE001  (handed to start(), which re-raises it)
+            self._error = exc
+            self._started.set()
+            return
+        self._started.set()
+        loop.run_forever()
+        loop.run_until_complete(self._shutdown())
+        loop.close()
+
+    async def _serve(self) -> None:
+        app = web.Application()
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/health/carriers/{name}", self._carrier)
+        app.router.add_get("/metrics", self._metrics_handler)
+        app.router.add_post("/admin/carriers/{name}/{action}", self._admin_carrier)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True)
+        await site.start()
+        # aiohttp exposes the bound port only through the underlying server's sockets.
+        sockets = getattr(site._server, "sockets", None) or []
+        if sockets:
+            self.port = int(sockets[0].getsockname()[1])
+
+    async def _shutdown(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def stop(self) -> None:
+        if self._loop is not None and self._thread is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+        self._thread = None
+
+    # ------------------------------------------------------------------ handlers
+
+    def _fresh(self) -> HealthSnapshot | None:
+        snap = self._snapshot()
+        if time.monotonic() - snap.evaluated_at > self._stale_after_s:
+            return None
+        return snap
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        if self._fresh() is None:
+            return web.Response(status=503, text="STATUS:DOWN event loop stalled\n", content_type=_TEXT)
+        return web.Response(text="OK\n", content_type=_TEXT)
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        snap = self._fresh()
+        if snap is None or not snap.ready:
+            tiers = (
+                ""
+                if snap is None
+                else " ".join(f"{t}={'ok' if ok else 'down'}" for t, ok in snap.tiers.items())
+            )
+            return web.Response(status=503, text=f"NOT READY {tiers}\n", content_type=_TEXT)
+        return web.Response(text="READY\n", content_type=_TEXT)
+
+    async def _carrier(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        snap = self._fresh()
+        if snap is None:
+            return web.Response(status=503, text="STATUS:DOWN event loop stalled\n", content_type=_TEXT)
+        state = snap.carriers.get(name)
+        if state is None:
+            return web.Response(status=404, text=f"STATUS:UNKNOWN no carrier {name}\n", content_type=_TEXT)
+        detail = snap.details.get(name, "")
+        return web.Response(
+            status=state.http_status, text=f"STATUS:{state.value} {detail}\n", content_type=_TEXT
+        )
+
+    async def _metrics_handler(self, request: web.Request) -> web.Response:
+        body = self._metrics.render()
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _admin_carrier(self, request: web.Request) -> web.Response:
+        name, action = request.match_info["name"], request.match_info["action"]
+        if action not in ("enable", "disable"):
+            return web.Response(status=400, text="action must be enable or disable\n", content_type=_TEXT)
+        if not self._set_enabled(name, action == "enable"):
+            return web.Response(status=404, text=f"no carrier {name}\n", content_type=_TEXT)
+        return web.Response(text=f"carrier {name} {action}d\n", content_type=_TEXT)
+
+
+__all__ = ["CarrierState", "HealthServer"]

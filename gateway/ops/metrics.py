@@ -1,0 +1,166 @@
+"""Prometheus metrics of one gateway, in a registry of its own (several gateways can share a process).
+
+Label values are bounded: carriers, pools, backends, models, tiers and regions come from config or fixed
+enums; reasons from wire or routing enums. Agent ids, request ids and tenants are never labels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.exposition import generate_latest
+
+from routing.regions import REGION_NAMES, UNKNOWN_REGION
+
+# The _created series double the scrape for no use on a long-running daemon.
+disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus-client leaves it unannotated
+
+NS = "hkgw"
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+OTHER = "other"
+
+
+class LabelGuard:
+    """Maps a value onto a fixed set of allowed label values, anything else becoming ``other``."""
+
+    def __init__(self, allowed: Iterable[str], fallback: str = OTHER) -> None:
+        self._allowed = frozenset(allowed)
+        self._fallback = fallback
+
+    def __call__(self, value: str) -> str:
+        return value if value in self._allowed else self._fallback
+
+
+class GatewayMetrics:
+    """Every metric the gateway exports. ``render()`` gives the Prometheus text format."""
+
+    def __init__(self, models: Iterable[str]) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.model_label = LabelGuard(models)
+        self.region_label = LabelGuard(REGION_NAMES, UNKNOWN_REGION)
+
+        self.frames_received = Counter(
+            f"{NS}_frames_received", "Frames received, by carrier and kind", ["carrier", "kind"], registry=r
+        )
+        self.bytes_received = Counter(
+            f"{NS}_received_bytes", "Payload and envelope bytes received", ["carrier"], registry=r
+        )
+        self.frames_rejected = Counter(
+            f"{NS}_frames_rejected", "Frames refused whole, by reason", ["carrier", "reason"], registry=r
+        )
+        self.requests = Counter(
+            f"{NS}_requests",
+            "Requests received, by region, model and priority class",
+            ["region", "model", "priority"],
+            registry=r,
+        )
+        self.accepted = Counter(
+            f"{NS}_requests_accepted", "Requests acknowledged as accepted", ["carrier"], registry=r
+        )
+        self.duplicates = Counter(
+            f"{NS}_requests_duplicate", "Requests already accepted earlier (resends)", ["carrier"], registry=r
+        )
+        self.nacks = Counter(
+            f"{NS}_requests_nacked", "Requests refused at ingest, by reason", ["reason"], registry=r
+        )
+        self.decisions = Counter(
+            f"{NS}_route_decisions",
+            "Routing decisions by tier, pool and reason",
+            ["tier", "pool", "reason"],
+            registry=r,
+        )
+        self.responses = Counter(
+            f"{NS}_responses",
+            "Responses sent, by status, tier and pool",
+            ["status", "tier", "pool"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            f"{NS}_request_latency_seconds",
+            "Receipt at the gateway to reply, by tier",
+            ["tier", "pool"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            f"{NS}_queue_wait_seconds",
+            "Time a request waited in its pool queue",
+            ["pool"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            f"{NS}_batch_size", "Requests per backend call", ["pool"], buckets=BATCH_BUCKETS, registry=r
+        )
+        self.queue_depth = Gauge(f"{NS}_queue_depth", "Requests waiting per pool", ["pool"], registry=r)
+        self.inflight = Gauge(
+            f"{NS}_inflight_batches", "Backend calls in progress per pool", ["pool"], registry=r
+        )
+        self.shed = Counter(
+            f"{NS}_shed",
+            "Requests answered OVERLOADED or expired in queue, by pool and reason",
+            ["pool", "reason"],
+            registry=r,
+        )
+        self.backend_calls = Counter(
+            f"{NS}_backend_calls", "Backend calls by outcome", ["backend", "outcome"], registry=r
+        )
+        self.backend_latency = Histogram(
+            f"{NS}_backend_latency_seconds",
+            "Backend call duration",
+            ["backend"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.breaker_state = Gauge(
+            f"{NS}_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open", ["backend"], registry=r
+        )
+        self.pool_healthy = Gauge(
+            f"{NS}_pool_healthy", "1 when the pool can take traffic", ["pool"], registry=r
+        )
+        self.carrier_up = Gauge(
+            f"{NS}_carrier_up", "Carrier health: 1 UP, 0.5 DEGRADED, 0 otherwise", ["carrier"], registry=r
+        )
+        self.carrier_peers = Gauge(
+            f"{NS}_carrier_peers", "Agent connections per carrier", ["carrier"], registry=r
+        )
+        self.handshake_failures = Counter(
+            f"{NS}_handshake_failures",
+            "ZMTP handshakes refused, by reason",
+            ["carrier", "reason"],
+            registry=r,
+        )
+        self.auth_rejected = Counter(
+            f"{NS}_auth_rejected", "Agents refused by ZAP, by reason", ["reason"], registry=r
+        )
+        self.replies_undeliverable = Counter(
+            f"{NS}_replies_undeliverable",
+            "Reply frames that found no route to their agent, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.pending_replies = Gauge(
+            f"{NS}_pending_replies", "Responses waiting for their agent to return", registry=r
+        )
+        self.dedupe_entries = Gauge(f"{NS}_dedupe_entries", "Request ids in the dedupe window", registry=r)
+        self.draining = Gauge(f"{NS}_draining", "1 while the gateway drains", registry=r)
+        self.ready = Gauge(f"{NS}_ready", "1 when every tier has a healthy pool", registry=r)
+        self.padding_waste = Histogram(
+            f"{NS}_padding_waste_ratio",
+            "Padded share of a batch's input elements",
+            ["model"],
+            buckets=(0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0),
+            registry=r,
+        )
+        self.input_rejected = Counter(
+            f"{NS}_input_rejected",
+            "Requests the CPU stage refused, by reason",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.reloads = Counter(f"{NS}_reloads", "Config reloads (SIGHUP) by outcome", ["outcome"], registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

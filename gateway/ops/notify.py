@@ -1,0 +1,32 @@
+"""systemd's notify protocol (sd_notify): READY=1, WATCHDOG=1, STOPPING=1 over $NOTIFY_SOCKET."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+
+class SystemdNotifier:
+    """Sends state lines to the socket systemd gave us; a no-op when not run by systemd."""
+
+    def __init__(self, environ: dict[str, str] | None = None) -> None:
+        env = os.environ if environ is None else environ
+        path = env.get("NOTIFY_SOCKET", "")
+        self._address = "\0" + path[1:] if path.startswith("@") else path
+        usec = env.get("WATCHDOG_USEC", "")
+        pid = env.get("WATCHDOG_PID", "")
+        watchdog_for_us = not pid or pid == str(os.getpid())
+        self.watchdog_s = int(usec) / 1e6 if usec.isdigit() and watchdog_for_us else 0.0
+        self.sent: list[str] = []
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._address)
+
+    def notify(self, state: str) -> None:
+        if not self._address:
+            return
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.connect(self._address)
+            sock.sendall(state.encode())
+        self.sent.append(state)

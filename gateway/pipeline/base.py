@@ -1,0 +1,50 @@
+"""The CPU stage between routing and the backend call: wire requests -> dense tensors -> wire outputs.
+
+One pipeline per request kind, chosen by the model's ``pipeline`` parameter. A pipeline works on a whole
+batch with vectorised calls; a request it cannot use (a corrupt image, a wrong feature width) is dropped from
+the batch with a reason, never allowed to fail the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from edgewire import pb
+from gateway.backends.base import ModelSpec
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A batch ready for a backend.
+
+    ``inputs`` hold the batch dim first. ``rows[i]`` is the slice of output rows that belongs to
+    ``kept[i]``, the index of a request in the original batch. ``rejected`` maps the index of each request
+    that was dropped to the reason (an InvalidInput label and a human-readable detail).
+    """
+
+    inputs: dict[str, np.ndarray]
+    kept: list[int]
+    rows: list[slice]
+    rejected: dict[int, tuple[str, str]] = field(default_factory=dict)
+    real_elements: int = 0  # tokens / pixels / feature cells before padding
+    padded_elements: int = 0  # the same after padding (padding waste = 1 - real / padded)
+
+
+class Pipeline(Protocol):
+    """Pre- and post-processing for one request kind."""
+
+    kind: str
+
+    def prepare(self, requests: Sequence[pb.InferRequest], spec: ModelSpec) -> Prepared:
+        """Turn a batch of requests into the model's input tensors (one vectorised pass)."""
+        ...
+
+    def finish(
+        self, prepared: Prepared, outputs: Mapping[str, np.ndarray], requests: Sequence[pb.InferRequest]
+    ) -> list[list[pb.Tensor]]:
+        """Per kept request (in ``prepared.kept`` order), the wire output tensors."""
+        ...

@@ -1,0 +1,34 @@
+"""Pipelines by the name in a model's ``pipeline`` parameter: ``ranking``, ``text``, ``image``, ``tensor``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import cache
+from typing import Final
+
+from gateway.pipeline.base import Pipeline
+from gateway.pipeline.image import ImagePipeline
+from gateway.pipeline.ranking import RankingPipeline
+from gateway.pipeline.tensor import InvalidInput, TensorPipeline
+from gateway.pipeline.text import TextPipeline
+
+_FACTORIES: Final[dict[str, Callable[[], Pipeline]]] = {
+    "ranking": RankingPipeline,
+    "text": TextPipeline,
+    "image": ImagePipeline,
+    "tensor": TensorPipeline,
+}
+
+PIPELINE_NAMES: Final = tuple(_FACTORIES)
+REJECT_LABELS: Final = tuple(label.value for label in InvalidInput)
+"""Every label a pipeline drops a request with (for pre-registering metric series)."""
+
+
+@cache
+def pipeline_for(name: str) -> Pipeline:
+    """The pipeline named by a model's spec (one shared instance per name); unknown names are a ValueError."""
+    try:
+        factory = _FACTORIES[name]
+    except KeyError:
+        raise ValueError(f"unknown pipeline {name!r}; known: {list(PIPELINE_NAMES)}") from None
+    return factory()

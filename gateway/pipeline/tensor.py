@@ -1,0 +1,247 @@
+"""Wire tensors <-> numpy, the reasons a request is dropped from a batch, and the generic tensor pipeline.
+
+The conversions follow KServe v2: ``raw_data`` holds the elements row-major and little-endian; a BYTES
+element is a 4-byte little-endian length followed by the bytes. Every other pipeline builds its wire
+outputs with :func:`tensor_from_array`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import numpy as np
+
+from edgewire import pb
+from gateway.backends.base import ModelSpec, TensorSpec
+from gateway.pipeline.base import Prepared
+
+
+class InvalidInput(enum.StrEnum):
+    """Why a pipeline dropped a request from its batch; a bounded set, used as a metric label."""
+
+    BAD_FEATURES = "bad_features"  # ranking: widths or lengths do not match the model
+    EMPTY_TEXT = "empty_text"  # text: nothing to encode
+    BAD_IMAGE = "bad_image"  # image: not decodable in its declared format
+    SIZE_MISMATCH = "size_mismatch"  # image: decoded size differs from the declared width/height
+    TOO_LARGE = "too_large"  # more rows / pixels than the model or the gateway takes
+    MISSING_INPUT = "missing_input"  # tensor: a model input is absent
+    BAD_TENSOR = "bad_tensor"  # tensor: wrong dtype, shape, or raw_data length
+    RAGGED_BATCH = "ragged_batch"  # tensor: variable dims differ from the rest of the batch
+
+
+class Rejected(Exception):
+    """One request a pipeline cannot use: the label it is counted under and a detail for the caller."""
+
+    def __init__(self, label: InvalidInput, detail: str) -> None:
+        super().__init__(detail)
+        self.label = label
+
+    @property
+    def reason(self) -> tuple[str, str]:
+        """The ``Prepared.rejected`` value: (label, detail)."""
+        return self.label.value, str(self)
+
+
+class TensorDecodeError(ValueError):
+    """A wire tensor whose datatype, shape and raw_data do not agree."""
+
+
+DTYPE_BY_DATATYPE: Final[Mapping[pb.DataType.ValueType, np.dtype[Any]]] = {
+    pb.DATA_TYPE_BOOL: np.dtype(np.bool_),
+    pb.DATA_TYPE_UINT8: np.dtype(np.uint8),
+    pb.DATA_TYPE_INT8: np.dtype(np.int8),
+    pb.DATA_TYPE_INT32: np.dtype("<i4"),
+    pb.DATA_TYPE_INT64: np.dtype("<i8"),
+    pb.DATA_TYPE_FP16: np.dtype("<f2"),
+    pb.DATA_TYPE_FP32: np.dtype("<f4"),
+    pb.DATA_TYPE_FP64: np.dtype("<f8"),
+    pb.DATA_TYPE_UINT64: np.dtype("<u8"),
+    pb.DATA_TYPE_BYTES: np.dtype(object),
+}
+"""Wire DataType -> numpy dtype (little-endian). BF16 has no numpy dtype and is not decoded."""
+
+DATATYPE_BY_DTYPE: Final[Mapping[str, pb.DataType.ValueType]] = {
+    dtype.name: datatype for datatype, dtype in DTYPE_BY_DATATYPE.items()
+}
+"""Numpy dtype name (as in :class:`~gateway.backends.base.TensorSpec`) -> wire DataType."""
+
+_LENGTH = np.dtype("<u4")
+
+
+def tensor_from_array(name: str, array: np.ndarray) -> pb.Tensor:
+    """One numpy array as a wire Tensor (an object array holds ``bytes`` / ``str`` elements as BYTES)."""
+    try:
+        datatype = DATATYPE_BY_DTYPE[array.dtype.name]
+    except KeyError:
+        raise TypeError(f"tensor {name!r}: dtype {array.dtype} has no wire DataType") from None
+    if datatype == pb.DATA_TYPE_BYTES:
+        raw = encode_bytes([e.encode() if isinstance(e, str) else bytes(e) for e in array.ravel()])
+    else:
+        raw = np.ascontiguousarray(array, dtype=DTYPE_BY_DATATYPE[datatype]).tobytes()
+    return pb.Tensor(name=name, datatype=datatype, shape=array.shape, raw_data=raw)
+
+
+def array_from_tensor(tensor: pb.Tensor) -> np.ndarray:
+    """A wire Tensor as a numpy array in native byte order; raises :class:`TensorDecodeError`."""
+    dtype = DTYPE_BY_DATATYPE.get(tensor.datatype)
+    if dtype is None:
+        raise TensorDecodeError(f"tensor {tensor.name!r}: datatype {tensor.datatype} is not supported")
+    shape = tuple(tensor.shape)
+    if any(d < 0 for d in shape):
+        raise TensorDecodeError(f"tensor {tensor.name!r}: negative dim in shape {list(shape)}")
+    count = int(np.prod(shape, dtype=np.int64))
+    if dtype.kind == "O":
+        return np.array(decode_bytes(tensor.raw_data, count), dtype=object).reshape(shape)
+    if len(tensor.raw_data) != count * dtype.itemsize:
+        raise TensorDecodeError(
+            f"tensor {tensor.name!r}: raw_data is {len(tensor.raw_data)} bytes, shape {list(shape)} of "
+            f"{dtype.name} needs {count * dtype.itemsize}"
+        )
+    return (
+        np.frombuffer(tensor.raw_data, dtype=dtype).astype(dtype.newbyteorder("="), copy=False).reshape(shape)
+    )
+
+
+def encode_bytes(items: Sequence[bytes]) -> bytes:
+    """KServe v2 BYTES encoding: each element as a 4-byte little-endian length, then its bytes."""
+    return b"".join(len(item).to_bytes(4, "little") + item for item in items)
+
+
+def decode_bytes(raw: bytes, count: int) -> list[bytes]:
+    """Exactly ``count`` KServe v2 BYTES elements from ``raw``; raises :class:`TensorDecodeError`."""
+    items: list[bytes] = []
+    offset = 0
+    for _ in range(count):
+        if offset + 4 > len(raw):
+            raise TensorDecodeError(f"BYTES data ends after {len(items)} of {count} elements")
+        length = int(np.frombuffer(raw, dtype=_LENGTH, count=1, offset=offset)[0])
+        offset += 4
+        if offset + length > len(raw):
+            raise TensorDecodeError(f"BYTES element {len(items)} runs past the end of the data")
+        items.append(raw[offset : offset + length])
+        offset += length
+    if offset != len(raw):
+        raise TensorDecodeError(f"{len(raw) - offset} bytes left after {count} BYTES elements")
+    return items
+
+
+def kept_requests(prepared: Prepared, requests: Sequence[pb.InferRequest]) -> Sequence[pb.InferRequest]:
+    """The kept requests, in ``prepared.kept`` order, from what ``finish`` was given.
+
+    ``finish`` may be handed the whole batch ``prepare`` saw or only its kept requests; the two can only
+    be told apart by length when some were dropped, and when none were they coincide.
+    """
+    if len(requests) == len(prepared.kept):
+        return requests
+    return [requests[i] for i in prepared.kept]
+
+
+def batch_slices(counts: Sequence[int]) -> list[slice]:
+    """Consecutive row slices of the given sizes: [0:c0], [c0:c0+c1], ..."""
+    ends = np.cumsum(counts, dtype=np.int64).tolist()
+    return [slice(end - count, end) for end, count in zip(ends, counts, strict=True)]
+
+
+class TensorPipeline:
+    """KServe-style requests: ``InferRequest.inputs`` decoded, checked against the spec and stacked.
+
+    Each request's tensors carry their own batch dim (shape ``[rows, *dims]``); a model with
+    ``max_batch_size`` 0 takes its dims as the full shape and serves one request per batch. Variable dims
+    (-1) must agree across a batch, since a generic tensor cannot be padded without knowing the model: a
+    request that disagrees with the first kept one is dropped as ``ragged_batch`` (the batcher should group
+    such requests by shape).
+    """
+
+    kind = "tensor"
+
+    def prepare(self, requests: Sequence[pb.InferRequest], spec: ModelSpec) -> Prepared:
+        """Decode, check and stack each request's inputs."""
+        batched = spec.max_batch_size > 0
+        columns: dict[str, list[np.ndarray]] = {t.name: [] for t in spec.inputs}
+        kept: list[int] = []
+        counts: list[int] = []
+        rejected: dict[int, tuple[str, str]] = {}
+        shapes: dict[str, tuple[int, ...]] = {}
+        for index, request in enumerate(requests):
+            if kept and not batched:
+                rejected[index] = (InvalidInput.RAGGED_BATCH, f"model {spec.name} does not batch")
+                continue
+            try:
+                arrays, rows = _decode_inputs(request, spec, batched)
+            except Rejected as exc:
+                rejected[index] = exc.reason
+                continue
+            if shapes and any(a.shape[1:] != shapes[n] for n, a in arrays.items()):
+                rejected[index] = (InvalidInput.RAGGED_BATCH, "input dims differ from the batch's")
+                continue
+            if batched and sum(counts) + rows > spec.max_batch_size:
+                rejected[index] = (InvalidInput.TOO_LARGE, f"batch would exceed {spec.max_batch_size} rows")
+                continue
+            shapes = {n: a.shape[1:] for n, a in arrays.items()}
+            for name, array in arrays.items():
+                columns[name].append(array)
+            kept.append(index)
+            counts.append(rows)
+        inputs = {t.name: _stack(t, columns[t.name], batched) for t in spec.inputs}
+        elements = sum(int(a.size) for a in inputs.values())
+        return Prepared(
+            inputs=inputs,
+            kept=kept,
+            rows=batch_slices(counts) if batched else [slice(None)] * len(kept),
+            rejected=rejected,
+            real_elements=elements,
+            padded_elements=elements,
+        )
+
+    def finish(
+        self, prepared: Prepared, outputs: Mapping[str, np.ndarray], requests: Sequence[pb.InferRequest]
+    ) -> list[list[pb.Tensor]]:
+        """Each kept request's rows of every output, as wire tensors."""
+        return [
+            [tensor_from_array(name, array[rows]) for name, array in outputs.items()]
+            for rows in prepared.rows
+        ]
+
+
+def _decode_inputs(
+    request: pb.InferRequest, spec: ModelSpec, batched: bool
+) -> tuple[dict[str, np.ndarray], int]:
+    by_name = {t.name: t for t in request.inputs}
+    arrays: dict[str, np.ndarray] = {}
+    rows: set[int] = set()
+    for want in spec.inputs:
+        tensor = by_name.get(want.name)
+        if tensor is None:
+            raise Rejected(InvalidInput.MISSING_INPUT, f"input {want.name!r} missing")
+        try:
+            array = array_from_tensor(tensor)
+        except TensorDecodeError as exc:
+            raise Rejected(InvalidInput.BAD_TENSOR, str(exc)) from None
+        problem = _shape_problem(array, want, batched)
+        if problem:
+            raise Rejected(InvalidInput.BAD_TENSOR, f"input {want.name!r}: {problem}")
+        arrays[want.name] = array if batched else array[np.newaxis]
+        rows.add(array.shape[0] if batched else 1)
+    if len(rows) != 1:
+        raise Rejected(InvalidInput.BAD_TENSOR, f"inputs disagree on the batch dim: {sorted(rows)}")
+    return arrays, rows.pop()
+
+
+def _shape_problem(array: np.ndarray, want: TensorSpec, batched: bool) -> str:
+    if array.dtype != np.dtype(want.dtype):
+        return f"dtype {array.dtype} where the model takes {want.dtype}"
+    dims = array.shape[1:] if batched else array.shape
+    if batched and (array.ndim == 0 or array.shape[0] < 1):
+        return "needs a batch dim of at least 1"
+    if len(dims) != len(want.dims) or any(w not in (-1, d) for w, d in zip(want.dims, dims, strict=True)):
+        return f"shape {list(array.shape)} does not fit dims {list(want.dims)}"
+    return ""
+
+
+def _stack(spec: TensorSpec, arrays: list[np.ndarray], batched: bool) -> np.ndarray:
+    if not arrays:
+        return np.zeros((0, *(max(d, 0) for d in spec.dims)), dtype=spec.dtype)
+    stacked = np.concatenate(arrays, axis=0)
+    return stacked if batched else stacked[0]

@@ -1,0 +1,74 @@
+"""From a wire request to the values routing decides on (no protobuf inside ``routing/``)."""
+
+from __future__ import annotations
+
+from edgewire import pb
+from routing.types import Priority, RequestKind, RequestProfile
+
+_PRIORITY = {
+    pb.PRIORITY_CLASS_UNSPECIFIED: Priority.INTERACTIVE,
+    pb.PRIORITY_CLASS_REALTIME: Priority.REALTIME,
+    pb.PRIORITY_CLASS_INTERACTIVE: Priority.INTERACTIVE,
+    pb.PRIORITY_CLASS_BATCH: Priority.BATCH,
+}
+_KIND = {
+    pb.REQUEST_KIND_RANKING: RequestKind.RANKING,
+    pb.REQUEST_KIND_TEXT: RequestKind.TEXT,
+    pb.REQUEST_KIND_IMAGE: RequestKind.IMAGE,
+    pb.REQUEST_KIND_TENSOR: RequestKind.TENSOR,
+}
+
+
+def wire_priority(value: int) -> Priority:
+    """The routing priority of a wire class; unknown and UNSPECIFIED values are INTERACTIVE."""
+    return _PRIORITY.get(value, Priority.INTERACTIVE)  # type: ignore[call-overload,no-any-return]
+
+
+def request_kind(request: pb.InferRequest) -> RequestKind:
+    """The kind a request declares, or the one its populated fields imply."""
+    kind = _KIND.get(request.kind)
+    if kind is not None:
+        return kind
+    if request.HasField("ranking"):
+        return RequestKind.RANKING
+    if request.HasField("text"):
+        return RequestKind.TEXT
+    if request.HasField("image"):
+        return RequestKind.IMAGE
+    return RequestKind.TENSOR
+
+
+def profile_of(
+    request: pb.InferRequest, priority: Priority, remaining_s: float | None, region: str
+) -> RequestProfile:
+    """What routing needs, read from the request alone (sizes, never contents)."""
+    kind = request_kind(request)
+    candidates = width = chars = pixels = elements = 0
+    if kind is RequestKind.RANKING:
+        ranking = request.ranking
+        candidates = len(ranking.candidate_item_ids)
+        width = ranking.candidate_feature_width + len(ranking.user_dense)
+    elif kind is RequestKind.TEXT:
+        chars = len(request.text.text)
+    elif kind is RequestKind.IMAGE:
+        pixels = request.image.width * request.image.height
+    else:
+        for tensor in request.inputs:
+            count = 1
+            for dim in tensor.shape:
+                count *= max(int(dim), 0)
+            elements += count
+    return RequestProfile(
+        kind=kind,
+        model=request.model_name,
+        model_version=request.model_version,
+        priority=priority,
+        remaining_deadline_s=remaining_s,
+        candidates=candidates,
+        feature_width=width,
+        text_chars=chars,
+        pixels=pixels,
+        tensor_elements=elements,
+        client_hint=min(max(request.complexity_hint, 0.0), 1.0),
+        region=region,
+    )

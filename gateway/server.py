@@ -1,0 +1,344 @@
+"""The gateway daemon's lifecycle, in one class: start -> serve until told to stop -> drain -> close.
+
+``Gateway.serve(stop)`` starts every component, waits for ``stop``, then drains: carrier health goes
+DRAINING at once (GeoDNS and BGP move new traffic away), new requests are nacked DRAINING, queued work is
+handed back as retryable, in-flight batches finish within ``drain_timeout_s``, replies are flushed, and
+only then are the sockets closed. ``aclose()`` is safe before ``start()`` and safe twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import structlog
+import zmq
+import zmq.asyncio
+
+import gateway.backends.builtin  # noqa: F401  (registers the built-in backend types)
+from edgewire import CodecLimits, DictionaryStore, FrameCodec
+from gateway.backends.base import Backend, create
+from gateway.config import GatewayConfig, load_config
+from gateway.dispatch.breaker import CircuitBreaker
+from gateway.dispatch.pool import PoolDispatcher
+from gateway.ingest import Ingest
+from gateway.ingress.auth import AgentAuthenticator, curve_options, load_directory, load_server_keys
+from gateway.ingress.carrier import CarrierIngress
+from gateway.ops.health import CarrierProbe, CarrierState, HealthSnapshot, Hysteresis, raw_state
+from gateway.ops.http import HealthServer
+from gateway.ops.metrics import GatewayMetrics
+from gateway.ops.notify import SystemdNotifier
+from gateway.replies import ReplyRouter
+from routing.geo import RegionResolver
+from routing.holder import PolicyHolder
+from routing.types import Tier
+
+log = structlog.get_logger("gateway")
+
+
+class GatewayStartError(RuntimeError):
+    """A component could not start (a carrier address in use, a backend without models, bad keys)."""
+
+
+class Gateway:
+    """One hk-gateway process."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        config_path: Path | None = None,
+        notifier: SystemdNotifier | None = None,
+    ) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.notifier = notifier or SystemdNotifier()
+        self.metrics = GatewayMetrics(models=config.routing.models)
+        self.policy = PolicyHolder(config.routing)
+        self.draining = False
+        self.carriers: dict[str, CarrierIngress] = {}
+        self.pools: dict[str, PoolDispatcher] = {}
+        self.backends: dict[str, Backend] = {}
+        self.ingest: Ingest | None = None
+        self.http: HealthServer | None = None
+        self._ctx: zmq.asyncio.Context | None = None
+        self._auth: AgentAuthenticator | None = None
+        self._cpu: ThreadPoolExecutor | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._hysteresis = {
+            c.name: Hysteresis(config.health.rise, config.health.fall) for c in config.carriers
+        }
+        self._disabled: set[str] = set()
+        self._snapshot = HealthSnapshot(
+            time.monotonic(),
+            dict.fromkeys(self._hysteresis, CarrierState.DOWN),
+            {},
+            ready=False,
+            draining=False,
+        )
+        self._started = False
+        self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ------------------------------------------------------------------ start
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        self._loop = asyncio.get_running_loop()
+        cfg = self.config
+        try:
+            await self._start_backends()
+            self._ctx = zmq.asyncio.Context()
+            limits = CodecLimits(
+                max_header_bytes=cfg.limits.max_header_bytes,
+                max_frame_bytes=cfg.limits.max_frame_bytes,
+                max_decompressed_bytes=cfg.limits.max_decompressed_bytes,
+                max_records=cfg.limits.max_records,
+            )
+            dictionaries = DictionaryStore()
+            if cfg.dictionaries is not None:
+                dictionaries.load_dir(cfg.dictionaries)
+            codec = FrameCodec(limits, dictionaries)
+            security = self._start_security()
+            replies = ReplyRouter(self.carriers, codec, cfg.replies, self.metrics, cfg.instance)
+            self._cpu = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hkgw-cpu")
+            ingest = self.ingest = Ingest(
+                cfg, codec, self.policy, self.pools, replies, self.metrics, RegionResolver(), self._auth
+            )
+            routing_pools = {p.name: p for p in cfg.routing.pools}
+            # One breaker per backend, shared by every pool on it: a failing server is out for all of them.
+            breakers = {
+                name: CircuitBreaker(
+                    cfg.breaker.failure_threshold, cfg.breaker.open_s, cfg.breaker.half_open_calls
+                )
+                for name in self.backends
+            }
+            for name, dispatch in cfg.pools.items():
+                pool_cfg = routing_pools[name]
+                self.pools[name] = PoolDispatcher(
+                    name,
+                    dispatch,
+                    self.backends[dispatch.backend],
+                    breakers[dispatch.backend],
+                    max_queue_depth=pool_cfg.max_queue_depth,
+                    concurrency=pool_cfg.concurrency,
+                    metrics=self.metrics,
+                    cpu_executor=self._cpu,
+                    respond=ingest.respond,
+                    reroute=ingest.reroute,
+                )
+                self.pools[name].start()
+            for carrier_cfg in cfg.carriers:
+                carrier = CarrierIngress(
+                    carrier_cfg, self._ctx, cfg.zmq, cfg.limits, self.metrics, ingest.on_message, security
+                )
+                try:
+                    carrier.start()
+                except zmq.ZMQError as exc:
+                    raise GatewayStartError(
+                        f"carrier {carrier_cfg.name}: cannot bind {carrier_cfg.bind}: {exc}"
+                    ) from exc
+                self.carriers[carrier_cfg.name] = carrier
+            self._evaluate_health()
+            self.http = HealthServer(
+                cfg.http.host,
+                cfg.http.port,
+                lambda: self._snapshot,
+                self.metrics,
+                self._set_carrier_enabled_threadsafe,
+                stale_after_s=max(2.0, 4 * cfg.health.interval_s),
+            )
+            self.http.start()
+            self._tasks.append(asyncio.create_task(self._health_loop(), name="health"))
+            if self.notifier.watchdog_s:
+                self._tasks.append(asyncio.create_task(self._watchdog_loop(), name="watchdog"))
+        except BaseException:
+            await self.aclose()
+            raise
+        self.notifier.notify("READY=1")
+        log.info(
+            "gateway ready",
+            instance=cfg.instance,
+            carriers={n: c.endpoint for n, c in self.carriers.items()},
+            http_port=self.http.port,
+            pools=sorted(self.pools),
+        )
+
+    async def _start_backends(self) -> None:
+        for name, section in self.config.backends.items():
+            options = {k: v for k, v in section.items() if k != "type"}
+            try:
+                backend = create(section["type"], name, options)
+            except (ValueError, KeyError) as exc:
+                raise GatewayStartError(f"backends.{name}: {exc}") from exc
+            self.backends[name] = backend
+            try:
+                await backend.start()
+            except Exception as exc:
+                raise GatewayStartError(f"backends.{name}: failed to start: {exc}") from exc
+
+    def _start_security(self) -> dict[int, object] | None:
+        sec = self.config.security
+        if sec.mode != "curve":
+            return None
+        assert sec.server_secret_key is not None
+        assert sec.authorized_agents is not None
+        public, secret = load_server_keys(sec.server_secret_key)
+        assert self._ctx is not None
+        self._auth = AgentAuthenticator(
+            self._ctx,
+            load_directory(sec.authorized_agents),
+            self.metrics,
+            [c.name for c in self.config.carriers],
+        )
+        self._auth.start()
+        return curve_options(public, secret)
+
+    # ------------------------------------------------------------------ serve, drain, close
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        """Run until ``stop`` is set, then drain and close."""
+        await self.start()
+        try:
+            await stop.wait()
+            await self.drain()
+        finally:
+            await self.aclose()
+
+    async def drain(self) -> None:
+        """Stop taking work, hand queued work back, finish in-flight work within the drain deadline."""
+        if self.draining:
+            return
+        self.draining = True
+        self.notifier.notify("STOPPING=1")
+        self.metrics.draining.set(1)
+        if self.ingest is not None:
+            self.ingest.draining = True
+        self._evaluate_health()
+        log.info("draining", deadline_s=self.config.drain_timeout_s)
+        handed_back = 0
+        for pool in self.pools.values():
+            items = pool.take_queued()
+            handed_back += len(items)
+            if self.ingest is not None:
+                self.ingest.hand_back(items, "gateway draining: resend elsewhere")
+        deadline = time.monotonic() + self.config.drain_timeout_s
+        await asyncio.gather(*(p.stop(max(0.0, deadline - time.monotonic())) for p in self.pools.values()))
+        if self.ingest is not None:
+            self.ingest.flush_replies()
+        log.info("drained", handed_back=handed_back)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for pool in self.pools.values():
+            await pool.stop(0)
+        if self.http is not None:
+            self.http.stop()
+        for carrier in self.carriers.values():
+            await carrier.close()
+        if self._auth is not None:
+            self._auth.stop()
+        for backend in self.backends.values():
+            with contextlib.suppress(Exception):
+                await backend.aclose()
+        if self._cpu is not None:
+            self._cpu.shutdown(wait=False, cancel_futures=True)
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+    # ------------------------------------------------------------------ reload (SIGHUP)
+
+    def reload(self) -> bool:
+        """Re-read the config file: routing policy and allowed agent keys change, traffic keeps flowing."""
+        try:
+            fresh = load_config(self.config_path)
+            changed = self.policy.apply(fresh.routing)
+            if self._auth is not None and fresh.security.authorized_agents is not None:
+                self._auth.replace(load_directory(fresh.security.authorized_agents))
+        except Exception as exc:  # noqa: BLE001  (any reload failure keeps the running config)
+            self.metrics.reloads.labels("failed").inc()
+            log.error("reload failed; keeping the running config", error=str(exc))
+            return False
+        self.metrics.reloads.labels("ok").inc()
+        log.info("reloaded", policy_changed=changed, generation=self.policy.generation)
+        return True
+
+    # ------------------------------------------------------------------ health
+
+    def _tier_health(self, now: float) -> dict[str, bool]:
+        tiers: dict[str, bool] = {}
+        for pool_cfg in self.config.routing.pools:
+            if pool_cfg.tier is Tier.EDGE_DEVICE:
+                continue
+            pool = self.pools.get(pool_cfg.name)
+            healthy = pool is not None and pool.healthy(now)
+            self.metrics.pool_healthy.labels(pool_cfg.name).set(1 if healthy else 0)
+            tiers[pool_cfg.tier.value] = tiers.get(pool_cfg.tier.value, False) or healthy
+        return tiers
+
+    def _evaluate_health(self) -> None:
+        now = time.monotonic()
+        tiers = self._tier_health(now)
+        degraded = not all(tiers.values())
+        states: dict[str, CarrierState] = {}
+        details: dict[str, str] = {}
+        for name, hysteresis in self._hysteresis.items():
+            carrier = self.carriers.get(name)
+            probe = CarrierProbe(
+                bound=carrier is not None and carrier.bound,
+                receiving=carrier is not None and carrier.receiving,
+                stalled=carrier is None or carrier.stalled(now, self.config.health.stall_s),
+                disabled=name in self._disabled,
+            )
+            raw, why = raw_state(probe, draining=self.draining, degraded=degraded)
+            states[name] = hysteresis.update(raw)
+            details[name] = why if states[name] is raw else f"{why} (holding {states[name].value})"
+            self.metrics.carrier_up.labels(name).set(states[name].gauge)
+        ready = bool(tiers) and all(tiers.values()) and any(c.bound for c in self.carriers.values())
+        self.metrics.ready.set(1 if ready and not self.draining else 0)
+        self._snapshot = HealthSnapshot(
+            now, states, details, ready=ready and not self.draining, draining=self.draining, tiers=tiers
+        )
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.health.interval_s)
+            self._evaluate_health()
+
+    async def _watchdog_loop(self) -> None:
+        # Sent from the event loop itself: a wedged loop stops the pings and systemd restarts us.
+        while True:
+            self.notifier.notify("WATCHDOG=1")
+            await asyncio.sleep(self.notifier.watchdog_s / 2)
+
+    @property
+    def snapshot(self) -> HealthSnapshot:
+        return self._snapshot
+
+    def set_carrier_enabled(self, name: str, enabled: bool) -> bool:
+        if name not in self._hysteresis:
+            return False
+        (self._disabled.discard if enabled else self._disabled.add)(name)
+        self._evaluate_health()
+        return True
+
+    def _set_carrier_enabled_threadsafe(self, name: str, enabled: bool) -> bool:
+        if name not in self._hysteresis or self._loop is None:
+            return False
+        self._loop.call_soon_threadsafe(self.set_carrier_enabled, name, enabled)
+        return True
+
+    def endpoint(self, carrier: str) -> str:
+        """The address a carrier actually bound (useful with port ``*``)."""
+        return self.carriers[carrier].endpoint

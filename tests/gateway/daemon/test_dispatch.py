@@ -1,0 +1,180 @@
+"""Dedupe across carriers, overload shedding, deadlines, circuit breaker and spillover, on a real gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from pathlib import Path
+from typing import Any
+
+from edgewire import now_unix_us, pb
+from gateway.server import Gateway
+from gateway.testing import FaultInjectingBackend, WireClient, fresh_requests, run_gateway, wait_for
+from routing.config import DEFAULT_ROUTING_SECTION
+from tests.gateway.daemon.test_serving import synthetic
+
+
+def sample(gw: Gateway, name: str, **labels: str) -> float:
+    return gw.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def split_backends(
+    models_dir: Path, *, queue_depth: int | None = None, concurrency: int | None = None, open_s: float = 0.5
+) -> dict[str, Any]:
+    """CPU pool on one real ONNX backend, every cloud pool on a fault-injecting wrapper of another."""
+    routing = copy.deepcopy(DEFAULT_ROUTING_SECTION)
+    for pool in routing["pools"]:
+        if queue_depth is not None:
+            pool["max_queue_depth"] = queue_depth
+        if concurrency is not None:
+            pool["concurrency"] = concurrency
+    inner = {"type": "onnx", "repository": str(models_dir), "threads": 2}
+    return {
+        "backends": {
+            "embedded": {"type": "fault-injecting", "inner": inner},
+            "gpu": {"type": "fault-injecting", "inner": inner},
+        },
+        "pools": {
+            "cpu": {"backend": "embedded"},
+            "gpu-a100-mig": {"backend": "gpu"},
+            "gpu-a100": {"backend": "gpu"},
+            "gpu-v100": {"backend": "gpu"},
+        },
+        "routing": routing,
+        "breaker": {"failure_threshold": 2, "open_s": open_s},
+    }
+
+
+def backend(gw: Gateway, name: str) -> FaultInjectingBackend:
+    found = gw.backends[name]
+    assert isinstance(found, FaultInjectingBackend)
+    return found
+
+
+async def test_resend_on_another_carrier_is_not_served_twice(models_dir: Path) -> None:
+    """The same request ids resent on a second carrier are acked as duplicates and executed once."""
+    async with run_gateway(models_dir=models_dir, **split_backends(models_dir)) as gw:
+        slow = backend(gw, "embedded")
+        slow.delay_s = 0.3  # keep the first copies in flight while the resend arrives
+        requests = synthetic(12, seed=11)
+        for r in requests:
+            r.complexity_hint = 0.0
+        async with (
+            WireClient(gw.endpoint("hgc"), agent_id="a1") as first,
+            WireClient(gw.endpoint("pccw"), agent_id="a1") as second,
+        ):
+            ack1 = await first.wait_ack(await first.send(requests))
+            ack2 = await second.wait_ack(await second.send(requests))
+            ids = [r.request_id for r in requests]
+            received = {}
+            deadline = time.monotonic() + 10
+            while len(received) < len(ids) and time.monotonic() < deadline:
+                for client in (first, second):
+                    await client.receive_one(0.05)
+                    received.update(client.responses)
+        calls = slow.rows + backend(gw, "gpu").rows
+    assert sorted(ack1.accepted_ids) == sorted(ids)
+    assert sorted(ack2.duplicate_ids) == sorted(ids)
+    assert not ack2.accepted_ids
+    assert set(received) == set(ids)
+    assert first.duplicate_responses == 0
+    assert sample(gw, "hkgw_requests_duplicate_total", carrier="pccw") == len(ids)
+    assert calls > 0
+
+
+async def test_resend_after_answer_gets_the_cached_answer(models_dir: Path) -> None:
+    """A resend of an already answered request is re-delivered from the response cache, not re-run."""
+    async with run_gateway(models_dir=models_dir) as gw:
+        requests = synthetic(5, seed=12)
+        async with WireClient(gw.endpoint("hgc"), agent_id="a2") as first:
+            original = await first.infer(requests)
+        calls_before = sample(gw, "hkgw_backend_calls_total", backend="embedded", outcome="ok")
+        async with WireClient(gw.endpoint("tgt"), agent_id="a2") as moved:
+            again = await moved.infer(requests)
+        calls_after = sample(gw, "hkgw_backend_calls_total", backend="embedded", outcome="ok")
+    assert [r.SerializeToString() for r in again] == [r.SerializeToString() for r in original]
+    assert calls_after == calls_before
+
+
+async def test_flood_is_shed_with_overloaded_and_bounded_queues(models_dir: Path) -> None:
+    """A flood beyond the pools' queues is nacked OVERLOADED with a retry-after; queues stay bounded."""
+    async with run_gateway(
+        models_dir=models_dir, **split_backends(models_dir, queue_depth=16, concurrency=1)
+    ) as gw:
+        for name in ("embedded", "gpu"):
+            backend(gw, name).delay_s = 0.02
+        max_depth = 0
+
+        async def watch() -> None:
+            nonlocal max_depth
+            while True:
+                max_depth = max(max_depth, *(p.depth for p in gw.pools.values()))
+                await asyncio.sleep(0.001)
+
+        watcher = asyncio.create_task(watch())
+        base = synthetic(100, seed=13)
+        async with WireClient(gw.endpoint("hgc")) as agent:
+            message_ids = [await agent.send(fresh_requests(base, budget_s=30)) for _ in range(20)]
+            acks = [await agent.wait_ack(m) for m in message_ids]
+            accepted = [rid for ack in acks for rid in ack.accepted_ids]
+            await agent.wait_responses(accepted, timeout_s=60)
+        watcher.cancel()
+    nacks = [n for ack in acks for n in ack.nacks]
+    assert len(accepted) + len(nacks) == 2000
+    assert nacks
+    assert all(n.reason == pb.NACK_REASON_OVERLOADED and n.retry_after_ms > 0 for n in nacks)
+    assert max_depth <= 16
+    assert all(agent.responses[rid].status == pb.STATUS_OK for rid in accepted)
+
+
+async def test_deadline_passing_in_queue_is_answered_deadline_exceeded(models_dir: Path) -> None:
+    """Requests whose deadline passes while they wait are answered DEADLINE_EXCEEDED, never late and OK."""
+    async with run_gateway(models_dir=models_dir, **split_backends(models_dir, concurrency=1)) as gw:
+        for name in ("embedded", "gpu"):
+            backend(gw, name).delay_s = 0.15
+        requests = fresh_requests(synthetic(30, seed=14), budget_s=0.4)
+        async with WireClient(gw.endpoint("hgc")) as agent:
+            ack = await agent.wait_ack(await agent.send(requests))
+            accepted = list(ack.accepted_ids)
+            started = now_unix_us()
+            responses = await agent.wait_responses(accepted, timeout_s=20)
+    statuses = {r.status for r in responses}
+    assert pb.STATUS_DEADLINE_EXCEEDED in statuses
+    assert statuses <= {pb.STATUS_OK, pb.STATUS_DEADLINE_EXCEEDED}
+    deadlines = {r.request_id: r.deadline_unix_us for r in requests}
+    for response in responses:
+        if response.status == pb.STATUS_OK:
+            assert started - 400_000 <= deadlines[response.request_id]
+    assert sample(gw, "hkgw_shed_total", pool="cpu", reason="deadline") + sample(
+        gw, "hkgw_shed_total", pool="cpu", reason="late"
+    ) > 0 or any(
+        sample(gw, "hkgw_shed_total", pool=p, reason=r) for p in gw.pools for r in ("deadline", "late")
+    )
+
+
+async def test_failing_backend_trips_breaker_and_traffic_spills_then_returns(models_dir: Path) -> None:
+    """Cloud backend failures open its breaker, requests spill to the CPU pool; after recovery they return."""
+    async with run_gateway(models_dir=models_dir, **split_backends(models_dir, open_s=0.5)) as gw:
+        gpu = backend(gw, "gpu")
+        gpu.fail = True
+        heavy = synthetic(20, seed=15)
+        for r in heavy:
+            r.complexity_hint = 0.95  # the client says: cloud tier
+        async with WireClient(gw.endpoint("hgc")) as agent:
+            during = await agent.infer(fresh_requests(heavy))
+            await wait_for(lambda: gw.snapshot.tiers.get("cloud") is False, timeout_s=5)
+            gpu.fail = False
+            await wait_for(lambda: gw.pools["gpu-a100-mig"].healthy(time.monotonic()), timeout_s=5)
+            calls_before = gpu.calls
+            after: list[pb.InferResponse] = []
+            deadline = time.monotonic() + 10
+            while gpu.calls == calls_before and time.monotonic() < deadline:
+                after = await agent.infer(fresh_requests(heavy))
+    assert all(r.status == pb.STATUS_OK for r in during)
+    assert {r.pool for r in during} == {"cpu"}
+    assert {r.route_reason for r in during} <= {"spillover_unhealthy", "complexity", "deadline"}
+    assert "spillover_unhealthy" in {r.route_reason for r in during}
+    assert sample(gw, "hkgw_backend_calls_total", backend="gpu", outcome="unavailable") >= 2
+    assert gpu.calls > calls_before
+    assert any(r.tier == pb.TIER_CLOUD for r in after)

@@ -1,0 +1,147 @@
+"""Health for GeoDNS: UP / DEGRADED / DRAINING / DOWN, hysteresis, and metrics that promtool accepts."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from gateway.ops.health import CarrierState, Hysteresis
+from gateway.server import Gateway
+from gateway.testing import WireClient, run_gateway, wait_for
+from tests.gateway.daemon.test_dispatch import backend, split_backends
+from tests.gateway.daemon.test_serving import synthetic
+
+
+async def get(gw: Gateway, path: str) -> tuple[int, str]:
+    assert gw.http is not None
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{gw.http.port}{path}") as resp,
+    ):
+        return resp.status, await resp.text()
+
+
+async def wait_status(gw: Gateway, carrier: str, expected: str, timeout_s: float = 5.0) -> tuple[int, str]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status, body = await get(gw, f"/health/carriers/{carrier}")
+        if body.startswith(f"STATUS:{expected}") or time.monotonic() > deadline:
+            return status, body
+        await asyncio.sleep(0.05)
+
+
+async def test_carrier_health_walks_through_every_state(models_dir: Path) -> None:
+    """UP, DEGRADED when a tier has no healthy pool, UP again, DRAINING when disabled, DOWN when unbound."""
+    async with run_gateway(models_dir=models_dir, **split_backends(models_dir)) as gw:
+        assert await get(gw, "/health/carriers/hgc") == (200, "STATUS:UP bound and passing traffic\n")
+        assert (await get(gw, "/readyz"))[0] == 200
+
+        backend(gw, "gpu").healthy = False
+        status, body = await wait_status(gw, "hgc", "DEGRADED")
+        assert (status, body.split()[0]) == (200, "STATUS:DEGRADED")
+        assert (await get(gw, "/readyz"))[0] == 503
+
+        backend(gw, "gpu").healthy = True
+        assert (await wait_status(gw, "hgc", "UP"))[0] == 200
+
+        async with aiohttp.ClientSession() as session:
+            assert gw.http is not None
+            url = f"http://127.0.0.1:{gw.http.port}/admin/carriers/pccw/disable"
+            async with session.post(url) as resp:
+                assert resp.status == 200
+        status, body = await wait_status(gw, "pccw", "DRAINING")
+        assert (status, body.split()[0]) == (503, "STATUS:DRAINING")
+        assert (await get(gw, "/health/carriers/hgc"))[0] == 200
+
+        await gw.carriers["tgt"].close()
+        status, body = await wait_status(gw, "tgt", "DOWN")
+        assert (status, body.split()[0]) == (503, "STATUS:DOWN")
+        assert (await get(gw, "/health/carriers/nope"))[0] == 404
+
+
+async def test_drain_turns_every_carrier_draining_at_once(models_dir: Path) -> None:
+    """On drain every carrier answers 503 STATUS:DRAINING without waiting for hysteresis."""
+    async with run_gateway(models_dir=models_dir) as gw:
+        await gw.drain()
+        for name in gw.carriers:
+            status, body = await get(gw, f"/health/carriers/{name}")
+            assert (status, body.split()[0]) == (503, "STATUS:DRAINING")
+
+
+async def test_health_is_answered_while_the_event_loop_is_blocked(models_dir: Path) -> None:
+    """The HTTP thread answers while the ingest loop is wedged, and says DOWN once the snapshot is stale."""
+    async with run_gateway(models_dir=models_dir) as gw:
+        assert gw.http is not None
+        url = f"http://127.0.0.1:{gw.http.port}/health/carriers/hgc"
+        loop = asyncio.get_running_loop()
+
+        def probe() -> list[tuple[float, int]]:
+            import urllib.request
+
+            seen = []
+            for _ in range(6):
+                start = time.monotonic()
+                try:
+                    with urllib.request.urlopen(url, timeout=2) as resp:
+                        seen.append((time.monotonic() - start, resp.status))
+                except urllib.error.HTTPError as err:
+                    seen.append((time.monotonic() - start, err.code))
+                time.sleep(0.5)
+            return seen
+
+        prober = loop.run_in_executor(None, probe)
+        await asyncio.sleep(0.1)
+        time.sleep(3.2)  # noqa: ASYNC251  (wedges the event loop on purpose)
+        seen = await prober
+    assert all(elapsed < 1.0 for elapsed, _ in seen)
+    assert seen[0][1] == 200
+    assert 503 in [status for _, status in seen]
+
+
+async def test_metrics_scrape_passes_promtool(models_dir: Path, tmp_path: Path) -> None:
+    """After traffic, /metrics is valid Prometheus exposition by promtool's own check."""
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is installed by the test command (Debian package prometheus)"
+    async with run_gateway(models_dir=models_dir) as gw:
+        async with WireClient(gw.endpoint("hgc")) as agent:
+            await agent.infer(synthetic(30, seed=21))
+            await agent.send_raw([b"garbage"])
+            await wait_for(
+                lambda: (
+                    gw.metrics.registry.get_sample_value(
+                        "hkgw_frames_rejected_total", {"carrier": "hgc", "reason": "wrong_frame_count"}
+                    )
+                    == 1.0
+                )
+            )
+        status, body = await get(gw, "/metrics")
+    assert status == 200
+    assert "hkgw_responses_total" in body
+    assert "test-agent" not in body  # agent ids are never label values
+    command = [promtool, "check", "metrics"]
+    result = await asyncio.to_thread(
+        subprocess.run, command, input=body, capture_output=True, text=True, timeout=30, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("raws", "expected"),
+    [
+        (["UP", "DOWN", "UP", "DOWN", "UP"], ["UP", "UP", "UP", "UP", "UP"]),
+        (["UP", "DOWN", "DOWN", "DOWN"], ["UP", "UP", "DOWN", "DOWN"]),
+        (["DOWN", "UP", "UP", "UP"], ["DOWN", "DOWN", "UP", "UP"]),
+        (["UP", "DRAINING", "UP", "UP"], ["UP", "DRAINING", "UP", "UP"]),
+        (["UP", "DEGRADED", "DEGRADED", "UP", "UP"], ["UP", "UP", "DEGRADED", "DEGRADED", "UP"]),
+    ],
+)
+def test_hysteresis_suppresses_flapping(raws: list[str], expected: list[str]) -> None:
+    """A state changes only after rise/fall consecutive evaluations agree; DRAINING applies at once."""
+    h = Hysteresis(rise=2, fall=2)
+    assert [h.update(CarrierState(r)).value for r in raws] == expected

@@ -1,0 +1,152 @@
+"""The ranking pipeline: candidate feature rows, top-k by score, rejection of malformed features."""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from edgewire import pb
+from gateway.pipeline.ranking import RankingPipeline, top_k_order
+from gateway.pipeline.tensor import InvalidInput
+from tests.gateway.backends.serving import synthetic
+from tests.gateway.pipeline.specs import demo_spec
+
+SPEC = demo_spec("rank-mlp")
+
+
+def reference_rows(requests: list[pb.InferRequest]) -> np.ndarray:
+    """Feature rows built one candidate at a time, the obvious way."""
+    rows = []
+    for request in requests:
+        r = request.ranking
+        tags = [0.0] * 16
+        for tag in r.categorical_tags:
+            tags[zlib.crc32(tag.encode("utf-8")) % 16] += 1.0
+        for i in range(len(r.candidate_item_ids)):
+            rows.append([*r.candidate_dense[i * 8 : (i + 1) * 8], *r.user_dense, *tags])
+    return np.array(rows, dtype=np.float32)
+
+
+def scored(prepared_rows: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Model outputs: a random score per row."""
+    return {"scores": np.random.default_rng(seed).random((prepared_rows, 1), dtype=np.float32)}
+
+
+def test_feature_matrix_matches_reference() -> None:
+    """The batch's feature matrix equals the per-candidate reference, request after request."""
+    requests = synthetic("rank-mlp", 5)
+    prepared = RankingPipeline().prepare(requests, SPEC)
+    np.testing.assert_array_equal(prepared.inputs["features"], reference_rows(requests))
+    assert prepared.inputs["features"].dtype == np.float32
+
+
+def test_rows_slice_each_requests_candidates() -> None:
+    """rows[i] covers exactly the candidates of kept[i], in order."""
+    requests = synthetic("rank-mlp", 4)
+    prepared = RankingPipeline().prepare(requests, SPEC)
+    sizes = [len(r.ranking.candidate_item_ids) for r in requests]
+    assert [(s.start, s.stop) for s in prepared.rows] == [
+        (sum(sizes[:i]), sum(sizes[: i + 1])) for i in range(len(sizes))
+    ]
+    assert prepared.real_elements == prepared.padded_elements == sum(sizes) * 40
+
+
+def test_top_k_items_by_score() -> None:
+    """Each request gets its top_k item ids, highest score first, with their scores."""
+    requests = synthetic("rank-mlp", 3)
+    pipeline = RankingPipeline()
+    prepared = pipeline.prepare(requests, SPEC)
+    outputs = scored(prepared.inputs["features"].shape[0])
+    results = pipeline.finish(prepared, outputs, requests)
+    for request, rows, (ids, scores) in zip(requests, prepared.rows, results, strict=True):
+        own = outputs["scores"][rows, 0]
+        best = np.argsort(-own, kind="stable")[: request.ranking.top_k]
+        want_ids = np.asarray(request.ranking.candidate_item_ids, dtype=np.uint64)[best]
+        assert (ids.datatype, scores.datatype) == (pb.DATA_TYPE_UINT64, pb.DATA_TYPE_FP32)
+        np.testing.assert_array_equal(np.frombuffer(ids.raw_data, dtype="<u8"), want_ids)
+        np.testing.assert_array_equal(np.frombuffer(scores.raw_data, dtype="<f4"), own[best])
+
+
+def test_top_k_zero_returns_every_candidate() -> None:
+    """top_k 0 ranks all candidates."""
+    (request,) = synthetic("rank-mlp", 1)
+    request.ranking.top_k = 0
+    pipeline = RankingPipeline()
+    prepared = pipeline.prepare([request], SPEC)
+    ((ids, _),) = pipeline.finish(prepared, scored(prepared.inputs["features"].shape[0]), [request])
+    assert list(ids.shape) == [len(request.ranking.candidate_item_ids)]
+
+
+def test_ties_keep_candidate_order() -> None:
+    """Equal scores are ranked by position, also across the top-k cut."""
+    scores = np.array([0.5, 0.9, 0.5, 0.9, 0.1, 0.5], dtype=np.float32)
+    assert top_k_order(scores, 3).tolist() == [1, 3, 0]
+    assert top_k_order(scores, 0).tolist() == [1, 3, 0, 2, 5, 4]
+
+
+@given(
+    scores=st.lists(st.sampled_from([0.0, 0.25, 0.5, 1.0, float("nan")]), min_size=1, max_size=40),
+    k=st.integers(0, 45),
+)
+def test_top_k_order_equals_a_stable_sort(scores: list[float], k: int) -> None:
+    """top_k_order equals sorting by (score descending, position), NaN last, cut to k."""
+    array = np.array(scores, dtype=np.float32)
+    keys = [float("inf") if math.isnan(s) else -s for s in scores]
+    want = sorted(range(len(scores)), key=lambda i: (keys[i], i))[: k or len(scores)]
+    assert top_k_order(array, k).tolist() == want
+
+
+def break_width(r: pb.RankingFeatures) -> None:
+    r.candidate_feature_width = 7
+
+
+def break_dense_length(r: pb.RankingFeatures) -> None:
+    del r.candidate_dense[-1]
+
+
+def break_user_width(r: pb.RankingFeatures) -> None:
+    r.user_dense.append(1.0)
+
+
+def remove_candidates(r: pb.RankingFeatures) -> None:
+    del r.candidate_item_ids[:]
+    del r.candidate_dense[:]
+
+
+@pytest.mark.parametrize("damage", [break_width, break_dense_length, break_user_width, remove_candidates])
+def test_bad_features_are_rejected_and_the_rest_served(damage: object) -> None:
+    """A request with malformed features is dropped as bad_features; the others keep their rows."""
+    requests = synthetic("rank-mlp", 3)
+    assert callable(damage)
+    damage(requests[1].ranking)
+    prepared = RankingPipeline().prepare(requests, SPEC)
+    assert prepared.kept == [0, 2]
+    assert prepared.rejected[1][0] == InvalidInput.BAD_FEATURES
+    np.testing.assert_array_equal(prepared.inputs["features"], reference_rows([requests[0], requests[2]]))
+
+
+def test_all_rejected_gives_an_empty_batch() -> None:
+    """A batch with no usable request has zero rows of the right width."""
+    requests = synthetic("rank-mlp", 2)
+    for request in requests:
+        break_width(request.ranking)
+    prepared = RankingPipeline().prepare(requests, SPEC)
+    assert (prepared.kept, prepared.inputs["features"].shape) == ([], (0, 40))
+
+
+def test_finish_takes_the_batch_or_only_the_kept_requests() -> None:
+    """After a rejection, finish gives the same answers from the whole batch or from the kept requests."""
+    requests = synthetic("rank-mlp", 3)
+    break_width(requests[0].ranking)
+    pipeline = RankingPipeline()
+    prepared = pipeline.prepare(requests, SPEC)
+    outputs = scored(prepared.inputs["features"].shape[0])
+    from_batch = pipeline.finish(prepared, outputs, requests)
+    from_kept = pipeline.finish(prepared, outputs, [requests[i] for i in prepared.kept])
+    assert from_batch == from_kept
+    assert len(from_kept) == 2
