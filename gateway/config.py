@@ -188,9 +188,16 @@ class GatewayConfig(_Section):
     @field_validator("backends")
     @classmethod
     def _backend_types(cls, backends: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        import gateway.backends.builtin  # noqa: F401  (registers the built-in types)
+        from gateway.backends.base import registered_types
+
+        known = registered_types()
         for name, section in backends.items():
-            if not isinstance(section.get("type"), str):
+            kind = section.get("type")
+            if not isinstance(kind, str):
                 raise ValueError(f"backend {name!r} needs a string 'type'")
+            if kind not in known:
+                raise ValueError(f"backend {name!r}: unknown type {kind!r}; known: {known}")
         return backends
 
     @model_validator(mode="after")
@@ -306,9 +313,13 @@ def validate(raw: Mapping[str, Any]) -> GatewayConfig:
     try:
         # With an invalid routing section, validate the rest against the default one so that every bad key
         # is reported at once; pool cross-references are then not meaningful and are skipped.
-        return GatewayConfig.model_validate({**raw, "routing": routing or default_routing_config()})
+        config = GatewayConfig.model_validate({**raw, "routing": routing or default_routing_config()})
     except ValidationError as exc:
-        for err in exc.errors(include_url=False):
+        errors = exc.errors(include_url=False)
+        for err in errors:
+            loc = err["loc"]
+            if err["type"] == "too_short" and any(e["loc"][: len(loc)] == loc != e["loc"] for e in errors):
+                continue  # pydantic also reports a list whose items failed as too short; the items say it
             if err["loc"][:1] == ("routing",) and routing is None:
                 continue
             cause = err.get("ctx", {}).get("error")
@@ -318,9 +329,10 @@ def validate(raw: Mapping[str, Any]) -> GatewayConfig:
             problems.append(
                 (_key_path(err["loc"]), str(cause) if isinstance(cause, ValueError) else err["msg"])
             )
+        raise ConfigError(problems) from None
     if problems:
         raise ConfigError(problems)
-    raise AssertionError("unreachable")  # pragma: no cover
+    return config
 
 
 def load_config(
@@ -336,9 +348,9 @@ def load_config(
             with path.open("rb") as fh:
                 from_file = tomllib.load(fh)
         except OSError as exc:
-            raise ConfigError([(str(path), exc.strerror or str(exc))]) from None
+            raise ConfigError([("(file)", exc.strerror or str(exc))]) from None
         except tomllib.TOMLDecodeError as exc:
-            raise ConfigError([(str(path), f"not valid TOML: {exc}")]) from None
+            raise ConfigError([("(toml)", f"not valid TOML: {exc}")]) from None
         # A file that names its own carriers, backends or pools replaces the defaults wholesale.
         for key in ("carriers", "backends", "pools"):
             if key in from_file:

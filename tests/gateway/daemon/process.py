@@ -1,0 +1,122 @@
+"""Run hk-gateway as a real process (as systemd would), with a stand-in notify socket."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def write_config(path: Path, models_dir: Path, extra: str = "") -> Path:
+    path.write_text(
+        f"""
+instance = "hk-gw-test"
+drain_timeout_s = 10.0
+[[carriers]]
+name = "hgc"
+bind = "tcp://127.0.0.1:*"
+[[carriers]]
+name = "pccw"
+bind = "tcp://127.0.0.1:*"
+[[carriers]]
+name = "tgt"
+bind = "tcp://127.0.0.1:*"
+[http]
+port = 0
+[health]
+interval_s = 0.1
+[logging]
+format = "json"
+[backends.embedded]
+type = "onnx"
+repository = "{models_dir}"
+threads = 2
+{extra}
+"""
+    )
+    return path
+
+
+class GatewayProcess:
+    """``hk-gateway --config PATH`` in a subprocess; endpoints read from its 'gateway ready' log line."""
+
+    def __init__(self, config: Path, watchdog_usec: int = 200_000) -> None:
+        self.config = config
+        self.watchdog_usec = watchdog_usec
+        self.proc: asyncio.subprocess.Process | None = None
+        self.ready: dict[str, Any] = {}
+        self.logs: list[dict[str, Any]] = []
+        self.notify_path = config.parent / "notify.sock"
+        self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.notify.bind(str(self.notify_path))
+        self.notify.setblocking(False)
+        self.notifications: list[str] = []
+        self._reader: asyncio.Task[None] | None = None
+
+    async def start(self, timeout_s: float = 30.0) -> None:
+        env = {**os.environ, "NOTIFY_SOCKET": str(self.notify_path), "WATCHDOG_USEC": str(self.watchdog_usec)}
+        env.pop("WATCHDOG_PID", None)
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "gateway",
+            "--config",
+            str(self.config),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+        )
+        self._reader = asyncio.create_task(self._read_logs())
+        deadline = time.monotonic() + timeout_s
+        while not self.ready:
+            if time.monotonic() > deadline or self.proc.returncode is not None:
+                raise RuntimeError(f"gateway did not become ready: {self.logs[-5:]}")
+            await asyncio.sleep(0.05)
+
+    async def _read_logs(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        async for line in self.proc.stderr:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                record = {"event": line.decode(errors="replace").strip()}
+            self.logs.append(record)
+            if record.get("event") == "gateway ready":
+                self.ready = record
+
+    def endpoint(self, carrier: str) -> str:
+        return str(self.ready["carriers"][carrier])
+
+    @property
+    def http_port(self) -> int:
+        return int(self.ready["http_port"])
+
+    def read_notifications(self) -> list[str]:
+        while True:
+            try:
+                self.notifications.append(self.notify.recv(4096).decode())
+            except BlockingIOError:
+                return self.notifications
+
+    def signal(self, sig: signal.Signals) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    async def wait(self, timeout_s: float = 30.0) -> int:
+        assert self.proc is not None
+        code = await asyncio.wait_for(self.proc.wait(), timeout_s)
+        if self._reader is not None:
+            await asyncio.wait_for(self._reader, 5)
+        return code
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+        self.notify.close()
