@@ -1,6 +1,6 @@
 """Wire codec shared by the edge agent and the Hong Kong gateway: schema, frames, limits, dictionaries."""
 
-from edgewire.codec import SCHEMA_VERSION, Decoded, FrameCodec, now_unix_us, record_count_of
+from edgewire.codec import SCHEMA_VERSION, Decoded, FrameCodec, now_unix_us, record_count_of, repeated_field
 from edgewire.dictionaries import DictionaryError, DictionaryStore
 from edgewire.errors import REJECT_LABELS, FrameError, reject_label
 from edgewire.ids import id_unix_ms, is_valid_id, new_id
@@ -23,4 +23,5 @@ __all__ = [
     "pb",
     "record_count_of",
     "reject_label",
+    "repeated_field",
 ]

@@ -53,6 +53,25 @@ def record_count_of(payload: Message) -> int:
     return 0
 
 
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def repeated_field(field_number: int, items: Sequence[bytes]) -> bytes:
+    """Serialized messages as the repeated message field ``field_number`` of an enclosing message.
+
+    Protobuf's wire format makes this a plain concatenation (tag, length, bytes per item), so a batch of
+    already serialized responses becomes a ResponseBatch without parsing any of them again.
+    """
+    tag = _varint(field_number << 3 | 2)
+    return b"".join(tag + _varint(len(item)) + item for item in items)
+
+
 @dataclass(frozen=True, slots=True)
 class Decoded:
     """A frame that passed every check: its envelope and its parsed payload."""
@@ -101,7 +120,38 @@ class FrameCodec:
         kind = _KIND_OF_TYPE.get(type(payload))
         if kind is None:
             raise TypeError(f"{type(payload).__name__} is not a wire payload")
-        raw = payload.SerializeToString()
+        return self.encode_raw(
+            kind,
+            payload.SerializeToString(),
+            record_count_of(payload),
+            agent_id=agent_id,
+            region=region,
+            priority=priority,
+            deadline_unix_us=deadline_unix_us,
+            message_id=message_id,
+            dict_id=dict_id,
+            compress=compress,
+            attempt=attempt,
+            sent_at_unix_us=sent_at_unix_us,
+        )
+
+    def encode_raw(
+        self,
+        kind: pb.MessageKind.ValueType,
+        raw: bytes,
+        record_count: int,
+        *,
+        agent_id: str = "",
+        region: str = "",
+        priority: pb.PriorityClass.ValueType = pb.PRIORITY_CLASS_INTERACTIVE,
+        deadline_unix_us: int = 0,
+        message_id: bytes | None = None,
+        dict_id: int | None = None,
+        compress: bool = True,
+        attempt: int = 0,
+        sent_at_unix_us: int | None = None,
+    ) -> list[bytes]:
+        """Frame an already serialized payload of ``kind`` (e.g. assembled with :func:`repeated_field`)."""
         if len(raw) > self.limits.max_decompressed_bytes:
             raise ValueError(f"payload of {len(raw)} bytes is over max_decompressed_bytes")
         envelope = pb.Envelope(
@@ -114,7 +164,7 @@ class FrameCodec:
             deadline_unix_us=deadline_unix_us,
             sent_at_unix_us=now_unix_us() if sent_at_unix_us is None else sent_at_unix_us,
             uncompressed_length=len(raw),
-            record_count=record_count_of(payload),
+            record_count=record_count,
             attempt=attempt,
         )
         if compress and len(raw) >= self.compress_min_bytes:

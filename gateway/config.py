@@ -142,6 +142,13 @@ class PoolDispatch(_Section):
         return self
 
 
+class CpuConfig(_Section):
+    """The CPU stage (pre/post-processing): worker processes, so the event loop never waits on the GIL."""
+
+    mode: Literal["process", "thread"] = "process"
+    workers: int = Field(default=0, ge=0)  # 0 = every core but one, at least one
+
+
 class HealthConfig(_Section):
     interval_s: float = Field(default=0.5, gt=0)
     rise: int = Field(default=2, ge=1)  # consecutive good evaluations before a carrier is UP again
@@ -167,6 +174,7 @@ class GatewayConfig(_Section):
     replies: RepliesConfig = RepliesConfig()
     breaker: BreakerConfig = BreakerConfig()
     health: HealthConfig = HealthConfig()
+    cpu: CpuConfig = CpuConfig()
     logging: LoggingConfig = LoggingConfig()
     drain_timeout_s: float = Field(default=20.0, gt=0)
     dictionaries: Path | None = None  # directory of <dict_id>.zdict files

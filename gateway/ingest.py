@@ -34,6 +34,7 @@ log = structlog.get_logger("gateway.ingest")
 KIND_LABELS = {
     v: pb.MessageKind.Name(v).removeprefix("MESSAGE_KIND_").lower() for v in pb.MessageKind.values()
 }
+STATUS_LABELS = {v: pb.Status.Name(v).removeprefix("STATUS_").lower() for v in pb.Status.values()}
 NACK_LABELS = {v: pb.NackReason.Name(v).removeprefix("NACK_REASON_").lower() for v in pb.NackReason.values()}
 TIER_WIRE = {"edge_device": pb.TIER_EDGE_DEVICE, "edge_server": pb.TIER_EDGE_SERVER, "cloud": pb.TIER_CLOUD}
 # How a routing rejection is told to the agent.
@@ -112,13 +113,15 @@ class Ingest:
         """Handle one multipart message from a carrier's ROUTER: [routing id, envelope, payload]."""
         routing_id = frames[0].bytes
         body = [f.buffer for f in frames[1:]]
-        self._metrics.bytes_received.labels(carrier.name).inc(sum(len(b) for b in body))
+        self._metrics.child(self._metrics.bytes_received, carrier.name).inc(sum(len(b) for b in body))
         try:
             envelope = self._codec.decode_envelope(body)
         except FrameError as exc:
             self._reject(carrier, routing_id, body[0] if body else b"", exc)
             return
-        self._metrics.frames_received.labels(carrier.name, KIND_LABELS.get(envelope.kind, "other")).inc()
+        self._metrics.child(
+            self._metrics.frames_received, carrier.name, KIND_LABELS.get(envelope.kind, "other")
+        ).inc()
         agent_id, region = self._identify(frames[1], envelope, carrier, routing_id)
         if agent_id is None:
             return
@@ -221,7 +224,7 @@ class Ingest:
             if admitted is not None and self._queue(frame, request, *admitted, now, signals, ack):
                 self.dedupe.accept(request.request_id, now)
                 ack.accepted_ids.append(request.request_id)
-        self._metrics.accepted.labels(frame.carrier.name).inc(len(ack.accepted_ids))
+        self._metrics.child(self._metrics.accepted, frame.carrier.name).inc(len(ack.accepted_ids))
         self._metrics.dedupe_entries.set(len(self.dedupe))
         self._send(frame, ack)
 
@@ -232,14 +235,16 @@ class Ingest:
         rid = request.request_id
         priority = wire_priority(request.priority or frame.envelope.priority)
         model = self._metrics.model_label(request.model_name)
-        self._metrics.requests.labels(self._metrics.region_label(frame.region), model, priority.value).inc()
+        self._metrics.child(
+            self._metrics.requests, self._metrics.region_label(frame.region), model, priority.value
+        ).inc()
         if not is_valid_id(rid):
             self._nack(ack, rid, pb.NACK_REASON_INVALID_REQUEST, "request_id is not a 16-byte UUIDv7")
             return None
         state = self.dedupe.state(rid, now)
         if state is not None:
             ack.duplicate_ids.append(rid)
-            self._metrics.duplicates.labels(frame.carrier.name).inc()
+            self._metrics.child(self._metrics.duplicates, frame.carrier.name).inc()
             if state is RequestState.DONE:
                 self._redeliver(frame.agent_id, rid)
             return None
@@ -291,26 +296,26 @@ class Ingest:
         )
         pool = self._pools[decision.pool]
         if not pool.submit(item, now):
-            self._metrics.shed.labels(decision.pool, "queue_full").inc()
+            self._metrics.child(self._metrics.shed, decision.pool, "queue_full").inc()
             self._nack(ack, rid, pb.NACK_REASON_OVERLOADED, f"pool {decision.pool} queue full")
             return False
         signals[decision.pool] = pool.signals(now)
         return True
 
     def _count_decision(self, decision: Decision) -> None:
-        self._metrics.decisions.labels(
-            decision.tier.value, decision.pool or "none", decision.reason.value
+        self._metrics.child(
+            self._metrics.decisions, decision.tier.value, decision.pool or "none", decision.reason.value
         ).inc()
 
     def _nack(self, ack: pb.Ack, rid: bytes, reason: pb.NackReason.ValueType, detail: str) -> None:
         retry = self._retry_after_ms if reason in RETRYABLE_NACKS else 0
         ack.nacks.append(pb.Nack(request_id=rid, reason=reason, retry_after_ms=retry, detail=detail))
-        self._metrics.nacks.labels(NACK_LABELS[reason]).inc()
+        self._metrics.child(self._metrics.nacks, NACK_LABELS[reason]).inc()
 
     def _redeliver(self, agent_id: str, rid: bytes) -> None:
         cached = self.responses.get(rid)
         if cached is not None:
-            self._replies.respond(agent_id, pb.InferResponse.FromString(cached))
+            self._replies.respond(agent_id, cached)
 
     def reroute(self, item: WorkItem, failed_pool: str) -> bool:
         """Give a request whose pool failed to another pool (spillover with that pool marked unhealthy)."""
@@ -335,8 +340,12 @@ class Ingest:
 
     # ------------------------------------------------------------------ responses
 
-    def respond(self, item: WorkItem, response: pb.InferResponse) -> None:
-        """Finish a request: fill in routing facts and timing, remember it, send it to its agent."""
+    def respond(self, item: WorkItem, response: pb.InferResponse, outputs: bytes = b"") -> None:
+        """Finish a request: fill in routing facts and timing, remember it, send it to its agent.
+
+        ``outputs`` is the CPU stage's serialized output fragment; appended to the serialized fields it
+        forms the whole response (protobuf merges concatenated messages).
+        """
         decision: Decision = item.decision
         response.tier = TIER_WIRE[decision.tier.value]
         response.pool = decision.pool or ""
@@ -345,18 +354,22 @@ class Ingest:
             response.model_name = item.model
         elapsed = self._clock() - item.received
         response.timing.total_us = int(elapsed * 1e6)
-        status = pb.Status.Name(response.status).removeprefix("STATUS_").lower()
-        self._metrics.responses.labels(status, decision.tier.value, response.pool or "none").inc()
-        self._metrics.latency.labels(decision.tier.value, response.pool or "none").observe(elapsed)
+        pool = response.pool or "none"
+        metrics = self._metrics
+        metrics.child(metrics.responses, STATUS_LABELS[response.status], decision.tier.value, pool).inc()
+        metrics.child(metrics.latency, decision.tier.value, pool).observe(elapsed)
         rid = item.request.request_id
-        if response.status in (pb.STATUS_OVERLOADED, pb.STATUS_UNAVAILABLE):
+        retryable = response.status in (pb.STATUS_OVERLOADED, pb.STATUS_UNAVAILABLE)
+        if retryable:
             response.retry_after_ms = self._retry_after_ms
+        data = response.SerializeToString() + outputs
+        if retryable:
             self.dedupe.forget(rid)  # the agent will resend; that resend must be served
         else:
             self.dedupe.done(rid)
             if self.responses.max_bytes:
-                self.responses.put(rid, response.SerializeToString())
-        self._replies.respond(item.agent_id, response)
+                self.responses.put(rid, data)
+        self._replies.respond(item.agent_id, data)
 
     def flush_replies(self) -> None:
         self._replies.flush()
@@ -384,7 +397,7 @@ class Ingest:
         envelope: pb.Envelope | None = None,
     ) -> None:
         """Count a refused frame; answer an Ack with frame_reject when the sender can be told which frame."""
-        self._metrics.frames_rejected.labels(carrier.name, exc.label).inc()
+        self._metrics.child(self._metrics.frames_rejected, carrier.name, exc.label).inc()
         suppressed = self._reject_log.allow(exc.label, self._clock())
         if suppressed is not None:
             log.info(

@@ -15,19 +15,20 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from edgewire import FrameCodec, pb
+from edgewire import FrameCodec, pb, repeated_field
 from gateway.config import RepliesConfig
 from gateway.ingress.carrier import CarrierIngress, SendResult
 from gateway.ops.metrics import GatewayMetrics
 
 log = structlog.get_logger("gateway.replies")
 MAX_RESPONSES_PER_FRAME = 256
+RESPONSES_FIELD = pb.ResponseBatch.DESCRIPTOR.fields_by_name["responses"].number
 
 
 @dataclass(slots=True)
 class _AgentRoutes:
     by_carrier: dict[str, tuple[bytes, float]] = field(default_factory=dict)  # carrier -> (routing id, seen)
-    pending: deque[pb.InferResponse] = field(default_factory=deque)
+    pending: deque[bytes] = field(default_factory=deque)  # serialized responses
 
 
 class ReplyRouter:
@@ -47,7 +48,7 @@ class ReplyRouter:
         self._metrics = metrics
         self._instance = instance
         self._agents: OrderedDict[str, _AgentRoutes] = OrderedDict()
-        self._outbox: dict[str, list[pb.InferResponse]] = {}
+        self._outbox: dict[str, list[bytes]] = {}
         self._flush_scheduled = False
         self.pending_total = 0
 
@@ -84,9 +85,9 @@ class ReplyRouter:
         """Acks, pongs and rejections go back on the carrier the frame came in on."""
         result = carrier.send(routing_id, frames)
         if result != SendResult.SENT:
-            self._metrics.replies_undeliverable.labels(f"control_{result}").inc()
+            self._metrics.child(self._metrics.replies_undeliverable, f"control_{result}").inc()
 
-    def respond(self, agent_id: str, response: pb.InferResponse) -> None:
+    def respond(self, agent_id: str, response: bytes) -> None:
         """Queue a response; all responses of one loop tick to one agent travel in one frame."""
         self._outbox.setdefault(agent_id, []).append(response)
         self._schedule()
@@ -105,12 +106,13 @@ class ReplyRouter:
                 if not self._deliver(agent_id, chunk):
                     self._park(agent_id, chunk)
 
-    def _deliver(self, agent_id: str, responses: list[pb.InferResponse]) -> bool:
+    def _deliver(self, agent_id: str, responses: list[bytes]) -> bool:
         routes = self._routes(agent_id)
         if not routes:
             return False
-        frames = self._codec.encode(
-            pb.ResponseBatch(responses=responses), agent_id=agent_id, region="hk", dict_id=0
+        payload = repeated_field(RESPONSES_FIELD, responses)
+        frames = self._codec.encode_raw(
+            pb.MESSAGE_KIND_RESPONSE_BATCH, payload, len(responses), agent_id=agent_id, region="hk", dict_id=0
         )
         for carrier_name, routing_id in routes:
             carrier = self._carriers.get(carrier_name)
@@ -119,7 +121,7 @@ class ReplyRouter:
             result = carrier.send(routing_id, frames)
             if result == SendResult.SENT:
                 return True
-            self._metrics.replies_undeliverable.labels(result).inc()
+            self._metrics.child(self._metrics.replies_undeliverable, result).inc()
             if result == SendResult.UNREACHABLE:
                 self._forget(agent_id, carrier_name, routing_id)
         return False
@@ -129,7 +131,7 @@ class ReplyRouter:
         if routes is not None and routes.by_carrier.get(carrier, (b"", 0.0))[0] == routing_id:
             del routes.by_carrier[carrier]
 
-    def _park(self, agent_id: str, responses: list[pb.InferResponse]) -> None:
+    def _park(self, agent_id: str, responses: list[bytes]) -> None:
         routes = self._agents.get(agent_id)
         if routes is None:
             routes = self._agents[agent_id] = _AgentRoutes()
@@ -138,14 +140,14 @@ class ReplyRouter:
             if len(routes.pending) >= limit:
                 routes.pending.popleft()
                 self.pending_total -= 1
-                self._metrics.replies_undeliverable.labels("pending_full").inc()
+                self._metrics.child(self._metrics.replies_undeliverable, "pending_full").inc()
             routes.pending.append(response)
             self.pending_total += 1
         self._metrics.pending_replies.set(self.pending_total)
 
     def _drop_pending(self, routes: _AgentRoutes, reason: str) -> None:
         if routes.pending:
-            self._metrics.replies_undeliverable.labels(reason).inc(len(routes.pending))
+            self._metrics.child(self._metrics.replies_undeliverable, reason).inc(len(routes.pending))
             self.pending_total -= len(routes.pending)
             routes.pending.clear()
             self._metrics.pending_replies.set(self.pending_total)

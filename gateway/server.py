@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import structlog
@@ -23,6 +22,7 @@ from edgewire import CodecLimits, DictionaryStore, FrameCodec
 from gateway.backends.base import Backend, create
 from gateway.config import GatewayConfig, load_config
 from gateway.dispatch.breaker import CircuitBreaker
+from gateway.dispatch.cpu import CpuStage, default_workers
 from gateway.dispatch.pool import PoolDispatcher
 from gateway.ingest import Ingest
 from gateway.ingress.auth import AgentAuthenticator, curve_options, load_directory, load_server_keys
@@ -66,7 +66,7 @@ class Gateway:
         self.http: HealthServer | None = None
         self._ctx: zmq.asyncio.Context | None = None
         self._auth: AgentAuthenticator | None = None
-        self._cpu: ThreadPoolExecutor | None = None
+        self.cpu: CpuStage | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._hysteresis = {
             c.name: Hysteresis(config.health.rise, config.health.fall) for c in config.carriers
@@ -106,7 +106,9 @@ class Gateway:
             codec = FrameCodec(limits, dictionaries)
             security = self._start_security()
             replies = ReplyRouter(self.carriers, codec, cfg.replies, self.metrics, cfg.instance)
-            self._cpu = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hkgw-cpu")
+            self.cpu = CpuStage(cfg.cpu.workers or default_workers(), cfg.cpu.mode, self.metrics)
+            self.cpu.start()
+            await self.cpu.warm_up()
             ingest = self.ingest = Ingest(
                 cfg, codec, self.policy, self.pools, replies, self.metrics, RegionResolver(), self._auth
             )
@@ -128,7 +130,7 @@ class Gateway:
                     max_queue_depth=pool_cfg.max_queue_depth,
                     concurrency=pool_cfg.concurrency,
                     metrics=self.metrics,
-                    cpu_executor=self._cpu,
+                    cpu=self.cpu,
                     respond=ingest.respond,
                     reroute=ingest.reroute,
                 )
@@ -251,8 +253,8 @@ class Gateway:
         for backend in self.backends.values():
             with contextlib.suppress(Exception):
                 await backend.aclose()
-        if self._cpu is not None:
-            self._cpu.shutdown(wait=False, cancel_futures=True)
+        if self.cpu is not None:
+            self.cpu.close()
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None

@@ -14,7 +14,6 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 import structlog
@@ -23,15 +22,16 @@ from edgewire import pb
 from gateway.backends.base import Backend, BackendError, BackendHealth, InferCall, ModelSpec
 from gateway.config import PoolDispatch
 from gateway.dispatch.breaker import BreakerState, CircuitBreaker
+from gateway.dispatch.cpu import CpuStage
 from gateway.dispatch.work import PRIORITY_ORDER, WorkItem
 from gateway.ops.metrics import GatewayMetrics
 from gateway.pipeline.base import Prepared
-from gateway.pipeline.registry import pipeline_for
 from routing.types import PoolSignals
 
 log = structlog.get_logger("gateway.dispatch")
 
-Respond = Callable[[WorkItem, pb.InferResponse], None]
+# (item, response fields, serialized outputs): the outputs come from the CPU stage already serialized.
+Respond = Callable[[WorkItem, pb.InferResponse, bytes], None]
 Reroute = Callable[[WorkItem, str], bool]  # (item, failed pool) -> True when another pool took it
 STATUS_BY_NAME = {name.removeprefix("STATUS_"): value for name, value in pb.Status.items()}
 
@@ -77,7 +77,7 @@ class PoolDispatcher:
         max_queue_depth: int,
         concurrency: int,
         metrics: GatewayMetrics,
-        cpu_executor: Executor,
+        cpu: CpuStage,
         respond: Respond,
         reroute: Reroute,
         ewma_alpha: float = 0.2,
@@ -89,7 +89,7 @@ class PoolDispatcher:
         self.max_queue_depth = max_queue_depth
         self.concurrency = concurrency
         self._metrics = metrics
-        self._cpu = cpu_executor
+        self._cpu = cpu
         self._respond = respond
         self._reroute = reroute
         self._alpha = ewma_alpha
@@ -137,7 +137,7 @@ class PoolDispatcher:
             queue = self._queues[key] = _ModelQueue()
         queue.lanes[PRIORITY_ORDER[item.priority]].append(item)
         self._depth += 1
-        self._metrics.queue_depth.labels(self.name).set(self._depth)
+        self._metrics.child(self._metrics.queue_depth, self.name).set(self._depth)
         self._wake.set()
         return True
 
@@ -146,7 +146,7 @@ class PoolDispatcher:
         items = [item for queue in self._queues.values() for item in queue.take(len(queue))]
         self._queues.clear()
         self._depth = 0
-        self._metrics.queue_depth.labels(self.name).set(0)
+        self._metrics.child(self._metrics.queue_depth, self.name).set(0)
         return items
 
     # ------------------------------------------------------------------ lifecycle
@@ -215,7 +215,7 @@ class PoolDispatcher:
             await self._slots.acquire()
             items = queue.take(size)
             self._depth -= len(items)
-            self._metrics.queue_depth.labels(self.name).set(self._depth)
+            self._metrics.child(self._metrics.queue_depth, self.name).set(self._depth)
             if not queue:
                 del self._queues[key]
             live = self._expire(items, time.monotonic())
@@ -224,23 +224,23 @@ class PoolDispatcher:
                 continue
             task = asyncio.create_task(self._serve(live), name=f"batch-{self.name}")
             self._inflight.add(task)
-            self._metrics.inflight.labels(self.name).set(len(self._inflight))
+            self._metrics.child(self._metrics.inflight, self.name).set(len(self._inflight))
             task.add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._inflight.discard(task)
         self._slots.release()
-        self._metrics.inflight.labels(self.name).set(len(self._inflight))
+        self._metrics.child(self._metrics.inflight, self.name).set(len(self._inflight))
         if not task.cancelled() and task.exception() is not None:
             log.error("batch task failed", pool=self.name, error=repr(task.exception()))
 
     def _expire(self, items: list[WorkItem], now: float) -> list[WorkItem]:
         live = []
         for item in items:
-            self._metrics.queue_wait.labels(self.name).observe(now - item.enqueued)
+            self._metrics.child(self._metrics.queue_wait, self.name).observe(now - item.enqueued)
             if item.deadline is not None and item.deadline <= now:
-                self._metrics.shed.labels(self.name, "deadline").inc()
-                self._respond(item, self._status(item, "DEADLINE_EXCEEDED", "deadline passed in queue"))
+                self._metrics.child(self._metrics.shed, self.name, "deadline").inc()
+                self._answer_status(item, "DEADLINE_EXCEEDED", "deadline passed in queue")
             else:
                 live.append(item)
         return live
@@ -248,21 +248,23 @@ class PoolDispatcher:
     # ------------------------------------------------------------------ serving one batch
 
     async def _serve(self, items: list[WorkItem]) -> None:
-        loop = asyncio.get_running_loop()
         now = time.monotonic()
         model, version = items[0].model, items[0].version
         spec = self.backend.model(model, version)
         if spec is None:
             for item in items:
-                self._respond(item, self._status(item, "MODEL_NOT_FOUND", f"{self.name} does not serve it"))
+                self._answer_status(item, "MODEL_NOT_FOUND", f"{self.name} does not serve it")
             return
         if not self.breaker.allow(now):
             self._fail(items, BackendError("circuit breaker open", retryable=True, status="UNAVAILABLE"))
             return
-        pipeline = pipeline_for(spec.pipeline)
-        requests = [item.request for item in items]
+        payloads = [item.request.SerializeToString() for item in items]
         t_pre = time.perf_counter()
-        prepared = await loop.run_in_executor(self._cpu, pipeline.prepare, requests, spec)
+        try:
+            prepared = await self._cpu.prepare(spec.pipeline, spec, payloads)
+        except BackendError as exc:  # the CPU stage lost a worker: not the backend's fault
+            self._fail(items, exc)
+            return
         t_infer = time.perf_counter()
         self._reject_inputs(items, prepared, spec)
         if not prepared.kept:
@@ -276,7 +278,7 @@ class PoolDispatcher:
             priority=min((item.priority for item in kept), key=PRIORITY_ORDER.__getitem__),
             timeout_s=min(deadlines) if deadlines else None,
         )
-        self._metrics.batch_size.labels(self.name).observe(len(kept))
+        self._metrics.child(self._metrics.batch_size, self.name).observe(len(kept))
         try:
             result = await self.backend.infer(call)
         except BackendError as exc:
@@ -290,7 +292,13 @@ class PoolDispatcher:
             return
         t_post = time.perf_counter()
         self._succeeded(t_post - t_infer, len(kept))
-        outputs = pipeline.finish(prepared, result.outputs, [item.request for item in kept])
+        try:
+            outputs = await self._cpu.finish(
+                spec.pipeline, prepared, result.outputs, [payloads[i] for i in prepared.kept]
+            )
+        except BackendError as exc:
+            self._fail(kept, exc)
+            return
         timing = pb.ServerTiming(
             preprocess_us=int((t_infer - t_pre) * 1e6),
             infer_us=int((t_post - t_infer) * 1e6),
@@ -300,9 +308,9 @@ class PoolDispatcher:
 
     def _succeeded(self, infer_s: float, items: int) -> None:
         self.breaker.success()
-        self._metrics.breaker_state.labels(self.backend.name).set(BreakerState.CLOSED)
-        self._metrics.backend_calls.labels(self.backend.name, "ok").inc()
-        self._metrics.backend_latency.labels(self.backend.name).observe(infer_s)
+        self._metrics.child(self._metrics.breaker_state, self.backend.name).set(BreakerState.CLOSED)
+        self._metrics.child(self._metrics.backend_calls, self.backend.name, "ok").inc()
+        self._metrics.child(self._metrics.backend_latency, self.backend.name).observe(infer_s)
         per_item = infer_s / items
         alpha = self._alpha
         self._ewma_item_s = (
@@ -312,44 +320,45 @@ class PoolDispatcher:
     def _answer(
         self,
         items: Sequence[WorkItem],
-        outputs: Sequence[list[pb.Tensor]],
+        outputs: Sequence[bytes],
         model: str,
         version: str,
         timing: pb.ServerTiming,
         started: float,
     ) -> None:
         now = time.monotonic()
-        for item, tensors in zip(items, outputs, strict=True):
+        for item, output_bytes in zip(items, outputs, strict=True):
             if item.deadline is not None and item.deadline < now:
                 # A late answer is no answer: the caller has given up on it.
-                self._metrics.shed.labels(self.name, "late").inc()
-                self._respond(
-                    item, self._status(item, "DEADLINE_EXCEEDED", "deadline passed during inference")
-                )
+                self._metrics.child(self._metrics.shed, self.name, "late").inc()
+                self._answer_status(item, "DEADLINE_EXCEEDED", "deadline passed during inference")
                 continue
             response = pb.InferResponse(
                 request_id=item.request.request_id,
                 status=pb.STATUS_OK,
-                outputs=tensors,
                 model_name=model,
                 model_version=version,
                 timing=timing,
             )
             response.timing.queue_us = int(max(0.0, started - item.enqueued) * 1e6)
-            self._respond(item, response)
+            self._respond(item, response, output_bytes)
 
     def _reject_inputs(self, items: Sequence[WorkItem], prepared: Prepared, spec: ModelSpec) -> None:
         if prepared.padded_elements:
             waste = 1.0 - prepared.real_elements / prepared.padded_elements
-            self._metrics.padding_waste.labels(self._metrics.model_label(spec.name)).observe(waste)
+            self._metrics.child(self._metrics.padding_waste, self._metrics.model_label(spec.name)).observe(
+                waste
+            )
         for index, (label, detail) in prepared.rejected.items():
-            self._metrics.input_rejected.labels(self._metrics.model_label(spec.name), label).inc()
-            self._respond(items[index], self._status(items[index], "INVALID_ARGUMENT", f"{label}: {detail}"))
+            self._metrics.child(
+                self._metrics.input_rejected, self._metrics.model_label(spec.name), label
+            ).inc()
+            self._answer_status(items[index], "INVALID_ARGUMENT", f"{label}: {detail}")
 
     def _account_failure(self, exc: BackendError, elapsed_s: float) -> None:
         outcome = "overloaded" if exc.overloaded else exc.status.lower()
-        self._metrics.backend_calls.labels(self.backend.name, outcome).inc()
-        self._metrics.backend_latency.labels(self.backend.name).observe(elapsed_s)
+        self._metrics.child(self._metrics.backend_calls, self.backend.name, outcome).inc()
+        self._metrics.child(self._metrics.backend_latency, self.backend.name).observe(elapsed_s)
         if not exc.overloaded and exc.status not in (
             "DEADLINE_EXCEEDED",
             "INVALID_ARGUMENT",
@@ -357,7 +366,7 @@ class PoolDispatcher:
         ):
             now = time.monotonic()
             self.breaker.failure(now)
-            self._metrics.breaker_state.labels(self.backend.name).set(self.breaker.state(now))
+            self._metrics.child(self._metrics.breaker_state, self.backend.name).set(self.breaker.state(now))
 
     def _fail(self, items: Sequence[WorkItem], exc: BackendError) -> None:
         """Retry each item once on another pool when the error allows it, else answer with the error."""
@@ -367,8 +376,11 @@ class PoolDispatcher:
                 continue
             status = "OVERLOADED" if exc.overloaded else exc.status
             if exc.overloaded:
-                self._metrics.shed.labels(self.name, "backend_overloaded").inc()
-            self._respond(item, self._status(item, status, str(exc)))
+                self._metrics.child(self._metrics.shed, self.name, "backend_overloaded").inc()
+            self._answer_status(item, status, str(exc))
+
+    def _answer_status(self, item: WorkItem, status: str, message: str) -> None:
+        self._respond(item, self._status(item, status, message), b"")
 
     def _status(self, item: WorkItem, status: str, message: str) -> pb.InferResponse:
         return pb.InferResponse(

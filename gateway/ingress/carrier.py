@@ -146,7 +146,9 @@ class CarrierIngress:
         """True when input is waiting but nothing was read for ``stall_s``: the carrier passes no traffic."""
         if self._sock is None:
             return True
-        pending = bool(int(self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+        # get(), not getsockopt(): reading ZMQ_EVENTS resets the edge-triggered FD, and only the asyncio
+        # socket's get() then re-arms its pending receive (getsockopt is bound to the base class's get).
+        pending = bool(int(self._sock.get(zmq.EVENTS)) & zmq.POLLIN)
         return pending and now - self.last_recv > stall_s
 
     # ------------------------------------------------------------------ traffic

@@ -7,6 +7,7 @@ enums; reasons from wire or routing enums. Agent ids, request ids and tenants ar
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.exposition import generate_latest
@@ -20,6 +21,7 @@ NS = "hkgw"
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 OTHER = "other"
+M = TypeVar("M", Counter, Gauge, Histogram)
 
 
 class LabelGuard:
@@ -38,6 +40,7 @@ class GatewayMetrics:
 
     def __init__(self, models: Iterable[str]) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.model_label = LabelGuard(models)
         self.region_label = LabelGuard(REGION_NAMES, UNKNOWN_REGION)
 
@@ -160,7 +163,18 @@ class GatewayMetrics:
             ["model", "reason"],
             registry=r,
         )
+        self.cpu_worker_restarts = Counter(
+            f"{NS}_cpu_worker_restarts", "CPU stage pools replaced after a worker died", registry=r
+        )
         self.reloads = Counter(f"{NS}_reloads", "Config reloads (SIGHUP) by outcome", ["outcome"], registry=r)
+
+    def child(self, metric: M, *labels: str) -> M:
+        """``metric.labels(*labels)``, cached: the label sets are bounded and the hot path asks often."""
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -17,7 +17,8 @@ class SystemdNotifier:
         pid = env.get("WATCHDOG_PID", "")
         watchdog_for_us = not pid or pid == str(os.getpid())
         self.watchdog_s = int(usec) / 1e6 if usec.isdigit() and watchdog_for_us else 0.0
-        self.sent: list[str] = []
+        self.sent: list[str] = []  # the first few states sent, for diagnostics
+        self.dropped = 0
 
     @property
     def enabled(self) -> bool:
@@ -26,7 +27,14 @@ class SystemdNotifier:
     def notify(self, state: str) -> None:
         if not self._address:
             return
+        # Never block the event loop on the notify socket: a reader that stopped reading must not stop us.
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-            sock.connect(self._address)
-            sock.sendall(state.encode())
-        self.sent.append(state)
+            sock.setblocking(False)
+            try:
+                sock.connect(self._address)
+                sock.send(state.encode())
+            except (BlockingIOError, ConnectionRefusedError, FileNotFoundError):
+                self.dropped += 1
+                return
+        if len(self.sent) < 64:
+            self.sent.append(state)

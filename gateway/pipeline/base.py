@@ -32,6 +32,7 @@ class Prepared:
     rejected: dict[int, tuple[str, str]] = field(default_factory=dict)
     real_elements: int = 0  # tokens / pixels / feature cells before padding
     padded_elements: int = 0  # the same after padding (padding waste = 1 - real / padded)
+    spec: ModelSpec | None = None  # the model it was prepared for (finish may run in another process)
 
 
 class Pipeline(Protocol):
@@ -46,5 +47,8 @@ class Pipeline(Protocol):
     def finish(
         self, prepared: Prepared, outputs: Mapping[str, np.ndarray], requests: Sequence[pb.InferRequest]
     ) -> list[list[pb.Tensor]]:
-        """Per kept request (in ``prepared.kept`` order), the wire output tensors."""
+        """Per kept request (in ``prepared.kept`` order), the wire output tensors.
+
+        ``requests`` are the kept requests in that order; the whole original batch is accepted too.
+        """
         ...

@@ -133,7 +133,7 @@ class ImagePipeline:
         probs = shifted / shifted.sum(axis=1, keepdims=True)
         top = probs.argmax(axis=1)
         model = kept_requests(prepared, requests)[0].model_name if prepared.kept else ""
-        names = self._labels.get(model, ())
+        names = label_names(prepared.spec) if prepared.spec is not None else self._labels.get(model, ())
         if len(names) != logits.shape[1]:
             names = tuple(f"class_{i}" for i in range(logits.shape[1]))
         results: list[list[pb.Tensor]] = []

@@ -84,3 +84,15 @@ def test_encode_refuses_non_wire_messages() -> None:
     """Only the payload types of the schema can be framed."""
     with pytest.raises(TypeError):
         FrameCodec().encode(pb.Tensor())
+
+
+@given(batch=PAYLOADS["response_batch"])
+def test_repeated_field_assembles_a_batch_from_serialized_items(batch: pb.ResponseBatch) -> None:
+    """Concatenating serialized responses with repeated_field equals serializing the batch."""
+    from edgewire import repeated_field
+
+    raw = repeated_field(1, [r.SerializeToString() for r in batch.responses])
+    assert pb.ResponseBatch.FromString(raw) == batch
+    codec = FrameCodec()
+    frames = codec.encode_raw(pb.MESSAGE_KIND_RESPONSE_BATCH, raw, len(batch.responses))
+    assert codec.decode(frames).payload == batch

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -71,6 +72,7 @@ class GatewayProcess:
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
             env=env,
+            start_new_session=True,
         )
         self._reader = asyncio.create_task(self._read_logs())
         deadline = time.monotonic() + timeout_s
@@ -116,7 +118,12 @@ class GatewayProcess:
         return code
 
     async def stop(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.kill()
+        """Kill the gateway's whole process group (its CPU workers too) and stop reading its log."""
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
             await self.proc.wait()
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
         self.notify.close()

@@ -1,0 +1,25 @@
+"""The baseline peer: a ROUTER that sends every multipart message straight back (raw pyzmq, no decoding).
+
+python -m bench.echo tcp://127.0.0.1:6000
+"""
+
+from __future__ import annotations
+
+import sys
+
+import zmq
+
+
+def serve(endpoint: str) -> None:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.RCVHWM, 20000)
+    sock.setsockopt(zmq.SNDHWM, 20000)
+    sock.bind(endpoint)
+    print(sock.get_string(zmq.LAST_ENDPOINT), flush=True)
+    while True:
+        sock.send_multipart(sock.recv_multipart(copy=False), copy=False)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1] if len(sys.argv) > 1 else "tcp://127.0.0.1:*")

@@ -1,0 +1,112 @@
+"""The CPU stage's executor: pre- and post-processing off the event loop, in worker processes.
+
+The GIL would serialise tokenisation, feature assembly and top-k with the event loop, so batches go to a
+process pool (``mode = "process"``): the loop keeps reading carriers, acking and answering health checks
+while the workers use the other cores. A worker that dies breaks Python's pool; the stage replaces the
+pool and the affected batch fails with a retryable error, which the dispatcher reroutes or answers
+UNAVAILABLE. ``mode = "thread"`` runs the same functions on a thread (for debugging, or one-core hosts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Literal, TypeVar
+
+import numpy as np
+import structlog
+
+from gateway.backends.base import BackendError, ModelSpec
+from gateway.ops.metrics import GatewayMetrics
+from gateway.pipeline import worker
+from gateway.pipeline.base import Prepared
+
+log = structlog.get_logger("gateway.cpu")
+CpuMode = Literal["process", "thread"]
+T = TypeVar("T")
+
+
+class CpuStage:
+    """A bounded pool of CPU workers shared by every pool dispatcher."""
+
+    def __init__(self, workers: int, mode: CpuMode, metrics: GatewayMetrics) -> None:
+        self.workers = workers
+        self.mode = mode
+        self._metrics = metrics
+        self._executor: Executor | None = None
+        self.restarts = 0
+
+    def start(self) -> None:
+        self._executor = self._new_executor()
+
+    def _new_executor(self) -> Executor:
+        if self.mode == "thread":
+            return ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="hkgw-cpu")
+        # forkserver: workers are forked from a clean server process, never from this one with its
+        # ZeroMQ and ONNX Runtime threads; the pipelines are imported once in the server.
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["gateway.pipeline.worker"])
+        return ProcessPoolExecutor(
+            max_workers=self.workers, mp_context=context, initializer=worker.die_with_parent
+        )
+
+    async def warm_up(self) -> list[int]:
+        """Start every worker now (not on the first request); returns their pids."""
+        loop = asyncio.get_running_loop()
+        assert self._executor is not None
+        return list(
+            await asyncio.gather(
+                *(loop.run_in_executor(self._executor, worker.ping) for _ in range(self.workers))
+            )
+        )
+
+    def pids(self) -> list[int]:
+        processes = getattr(self._executor, "_processes", None) or {}
+        return sorted(processes)
+
+    async def prepare(self, pipeline: str, spec: ModelSpec, payloads: Sequence[bytes]) -> Prepared:
+        return await self._run(worker.prepare_batch, pipeline, spec, payloads)
+
+    async def finish(
+        self, pipeline: str, prepared: Prepared, outputs: Mapping[str, np.ndarray], payloads: Sequence[bytes]
+    ) -> list[bytes]:
+        return await self._run(
+            worker.finish_batch, pipeline, worker.without_inputs(prepared), outputs, payloads
+        )
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        executor = self._executor
+        if executor is None:
+            raise BackendError("CPU stage is closed", retryable=True, status="UNAVAILABLE")
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(executor, fn, *args)
+        except BrokenProcessPool as exc:
+            self._replace(executor)
+            raise BackendError(
+                "CPU worker died; batch not processed", retryable=True, status="UNAVAILABLE"
+            ) from exc
+
+    def _replace(self, broken: Executor) -> None:
+        if self._executor is not broken:  # another batch already replaced it
+            return
+        self.restarts += 1
+        self._metrics.cpu_worker_restarts.inc()
+        log.error("CPU worker died; replacing the pool", restarts=self.restarts)
+        broken.shutdown(wait=False, cancel_futures=True)
+        self._executor = self._new_executor()
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+
+def default_workers() -> int:
+    """All cores but the one the event loop needs, at least one."""
+    import os
+
+    return max(1, len(os.sched_getaffinity(0)) - 1)

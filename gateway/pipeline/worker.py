@@ -1,0 +1,58 @@
+"""The CPU stage's entry points, run in worker processes: bytes in, arrays and bytes out.
+
+Requests travel as serialized protobuf (cheap to pickle), prepared batches as numpy arrays, and results
+come back as serialized ``InferResponse`` fragments holding only the outputs; the gateway's event loop
+appends its own fields by concatenation (protobuf merges concatenated messages) and never re-parses them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from edgewire import pb
+from gateway.backends.base import ModelSpec
+from gateway.pipeline.base import Prepared
+from gateway.pipeline.registry import pipeline_for
+
+
+def prepare_batch(pipeline: str, spec: ModelSpec, payloads: Sequence[bytes]) -> Prepared:
+    """Parse the requests and build the model's input tensors in one vectorised pass."""
+    requests = [pb.InferRequest.FromString(p) for p in payloads]
+    prepared = pipeline_for(pipeline).prepare(requests, spec)
+    prepared.spec = spec
+    return prepared
+
+
+def finish_batch(
+    pipeline: str, prepared: Prepared, outputs: Mapping[str, np.ndarray], payloads: Sequence[bytes]
+) -> list[bytes]:
+    """Per kept request (``payloads`` are the kept requests, in order), its outputs as response bytes."""
+    requests = [pb.InferRequest.FromString(p) for p in payloads]
+    tensors = pipeline_for(pipeline).finish(prepared, outputs, requests)
+    return [pb.InferResponse(outputs=t).SerializeToString() for t in tensors]
+
+
+def without_inputs(prepared: Prepared) -> Prepared:
+    """The prepared batch minus its input tensors: what finish needs, without shipping arrays twice."""
+    return dataclasses.replace(prepared, inputs={})
+
+
+def die_with_parent() -> None:
+    """Worker initializer: a gateway killed with SIGKILL must not leave its CPU workers behind (Linux)."""
+    import ctypes
+    import signal
+    import sys
+
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def ping() -> int:
+    """Proves a worker is up (and imported the pipelines)."""
+    import os
+
+    return os.getpid()
