@@ -407,7 +407,7 @@ def render(runs: list[Run], args: argparse.Namespace) -> str:
                 "p90 ms",
                 "p99 ms",
                 "cores",
-                "busiest threads",
+                "CPU by process",
             ],
             rows,
         ),

@@ -147,6 +147,7 @@ class CpuConfig(_Section):
 
     mode: Literal["process", "thread"] = "process"
     workers: int = Field(default=0, ge=0)  # 0 = every core but one, at least one
+    inline_max_requests: int = Field(default=4, ge=0)  # smaller batches skip the IPC round trip
 
 
 class HealthConfig(_Section):

@@ -106,7 +106,12 @@ class Gateway:
             codec = FrameCodec(limits, dictionaries)
             security = self._start_security()
             replies = ReplyRouter(self.carriers, codec, cfg.replies, self.metrics, cfg.instance)
-            self.cpu = CpuStage(cfg.cpu.workers or default_workers(), cfg.cpu.mode, self.metrics)
+            self.cpu = CpuStage(
+                cfg.cpu.workers or default_workers(),
+                cfg.cpu.mode,
+                self.metrics,
+                inline_max_requests=cfg.cpu.inline_max_requests,
+            )
             self.cpu.start()
             await self.cpu.warm_up()
             ingest = self.ingest = Ingest(

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The main job: set up, then generate realistic synthetic traffic and report what compression does to it.
+# The main job: set up, then run a real hk-gateway (loopback carriers, embedded ONNX demo models) under
+# realistic synthetic cross-border traffic and print what happened; then the compression report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-.venv/bin/edge-agent traffic --requests 4000
+.venv/bin/python -m gateway.demo "$@"
 echo
-exec .venv/bin/python -m bench.compression
+.venv/bin/python -m bench.compression --requests 2000

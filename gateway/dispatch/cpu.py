@@ -32,15 +32,23 @@ T = TypeVar("T")
 class CpuStage:
     """A bounded pool of CPU workers shared by every pool dispatcher."""
 
-    def __init__(self, workers: int, mode: CpuMode, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self, workers: int, mode: CpuMode, metrics: GatewayMetrics, *, inline_max_requests: int = 4
+    ) -> None:
         self.workers = workers
         self.mode = mode
         self._metrics = metrics
         self._executor: Executor | None = None
+        # A batch this small costs less to process than to ship to a worker process and back (about a
+        # millisecond of pickling and IPC): it runs on one local thread instead.
+        self.inline_max_requests = inline_max_requests
+        self._inline: ThreadPoolExecutor | None = None
         self.restarts = 0
 
     def start(self) -> None:
         self._executor = self._new_executor()
+        if self.mode == "process" and self.inline_max_requests:
+            self._inline = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hkgw-cpu-inline")
 
     def _new_executor(self) -> Executor:
         if self.mode == "thread":
@@ -68,16 +76,18 @@ class CpuStage:
         return sorted(processes)
 
     async def prepare(self, pipeline: str, spec: ModelSpec, payloads: Sequence[bytes]) -> Prepared:
-        return await self._run(worker.prepare_batch, pipeline, spec, payloads)
+        return await self._run(len(payloads), worker.prepare_batch, pipeline, spec, payloads)
 
     async def finish(
         self, pipeline: str, prepared: Prepared, outputs: Mapping[str, np.ndarray], payloads: Sequence[bytes]
     ) -> list[bytes]:
         return await self._run(
-            worker.finish_batch, pipeline, worker.without_inputs(prepared), outputs, payloads
+            len(payloads), worker.finish_batch, pipeline, worker.without_inputs(prepared), outputs, payloads
         )
 
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+    async def _run(self, size: int, fn: Callable[..., T], *args: Any) -> T:
+        if self._inline is not None and size <= self.inline_max_requests:
+            return await asyncio.get_running_loop().run_in_executor(self._inline, fn, *args)
         executor = self._executor
         if executor is None:
             raise BackendError("CPU stage is closed", retryable=True, status="UNAVAILABLE")
@@ -100,6 +110,9 @@ class CpuStage:
         self._executor = self._new_executor()
 
     def close(self) -> None:
+        if self._inline is not None:
+            self._inline.shutdown(wait=False, cancel_futures=True)
+            self._inline = None
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
