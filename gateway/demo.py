@@ -141,9 +141,7 @@ def summarise(result: dict[str, object]) -> str:
     ]
     if len(server_ms):
         p50, p90, p99 = np.percentile(server_ms, [50, 90, 99])
-        lines.append(
-            f"gateway time per request (receipt to reply): p50 {p50:.1f} ms, p90 {p90:.1f} ms, p99 {p99:.1f} ms"
-        )
+        lines.append(f"gateway time (receipt to reply): p50 {p50:.1f} ms, p90 {p90:.1f} ms, p99 {p99:.1f} ms")
     return "\n".join(lines)
 
 
