@@ -11,6 +11,7 @@ bench:
 	scripts/setup.sh
 	.venv/bin/python -m bench.compression --write
 	.venv/bin/python -m bench.routing_bench --write
+	.venv/bin/python -m bench.gateway_bench --write
 
 proto:
 	.venv/bin/python scripts/gen_proto.py

@@ -178,6 +178,9 @@ class GatewayConfig(_Section):
     cpu: CpuConfig = CpuConfig()
     logging: LoggingConfig = LoggingConfig()
     drain_timeout_s: float = Field(default=20.0, gt=0)
+    # After health turns DRAINING, keep serving what is queued for this long before handing the rest
+    # back, so GeoDNS and BGP health checkers see DRAINING (and move traffic) before the listener goes.
+    drain_grace_s: float = Field(default=2.0, ge=0)
     dictionaries: Path | None = None  # directory of <dict_id>.zdict files
     backends: dict[str, dict[str, Any]]  # name -> {type = "...", backend options}
     pools: dict[str, PoolDispatch]

@@ -227,7 +227,9 @@ class Gateway:
         if self.ingest is not None:
             self.ingest.draining = True
         self._evaluate_health()
-        log.info("draining", deadline_s=self.config.drain_timeout_s)
+        log.info("draining", deadline_s=self.config.drain_timeout_s, grace_s=self.config.drain_grace_s)
+        if self.config.drain_grace_s:
+            await asyncio.sleep(self.config.drain_grace_s)
         handed_back = 0
         for pool in self.pools.values():
             items = pool.take_queued()

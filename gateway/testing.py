@@ -93,6 +93,7 @@ def loopback_overrides(models_dir: Path, **extra: Any) -> dict[str, Any]:
         "backends": {"embedded": {"type": "onnx", "repository": str(models_dir), "threads": 2}},
         "health": {"interval_s": 0.1, "rise": 2, "fall": 2},
         "drain_timeout_s": 5.0,
+        "drain_grace_s": 0.0,
         "logging": {"format": "json", "level": "warning"},
     }
     return _merge(overrides, extra)

@@ -19,6 +19,7 @@ def write_config(path: Path, models_dir: Path, extra: str = "") -> Path:
         f"""
 instance = "hk-gw-test"
 drain_timeout_s = 10.0
+drain_grace_s = 1.0
 [[carriers]]
 name = "hgc"
 bind = "tcp://127.0.0.1:*"
