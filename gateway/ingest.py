@@ -346,6 +346,9 @@ class Ingest:
         ``outputs`` is the CPU stage's serialized output fragment; appended to the serialized fields it
         forms the whole response (protobuf merges concatenated messages).
         """
+        if item.answered:
+            return
+        item.answered = True
         decision: Decision = item.decision
         response.tier = TIER_WIRE[decision.tier.value]
         response.pool = decision.pool or ""

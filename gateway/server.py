@@ -25,7 +25,13 @@ from gateway.dispatch.breaker import CircuitBreaker
 from gateway.dispatch.cpu import CpuStage, default_workers
 from gateway.dispatch.pool import PoolDispatcher
 from gateway.ingest import Ingest
-from gateway.ingress.auth import AgentAuthenticator, curve_options, load_directory, load_server_keys
+from gateway.ingress.auth import (
+    AgentAuthenticator,
+    KeyFileError,
+    curve_options,
+    load_directory,
+    load_server_keys,
+)
 from gateway.ingress.carrier import CarrierIngress
 from gateway.ops.health import CarrierProbe, CarrierState, HealthSnapshot, Hysteresis, raw_state
 from gateway.ops.http import HealthServer
@@ -104,7 +110,10 @@ class Gateway:
             if cfg.dictionaries is not None:
                 dictionaries.load_dir(cfg.dictionaries)
             codec = FrameCodec(limits, dictionaries)
-            security = self._start_security()
+            try:
+                security = self._start_security()
+            except (KeyFileError, OSError) as exc:
+                raise GatewayStartError(f"security: {exc}") from exc
             replies = ReplyRouter(self.carriers, codec, cfg.replies, self.metrics, cfg.instance)
             self.cpu = CpuStage(
                 cfg.cpu.workers or default_workers(),
@@ -270,15 +279,18 @@ class Gateway:
 
     def reload(self) -> bool:
         """Re-read the config file: routing policy and allowed agent keys change, traffic keeps flowing."""
-        try:
+        try:  # read and validate everything first, so a reload applies whole or not at all
             fresh = load_config(self.config_path)
-            changed = self.policy.apply(fresh.routing)
+            agents = None
             if self._auth is not None and fresh.security.authorized_agents is not None:
-                self._auth.replace(load_directory(fresh.security.authorized_agents))
+                agents = load_directory(fresh.security.authorized_agents)
         except Exception as exc:  # noqa: BLE001  (any reload failure keeps the running config)
             self.metrics.reloads.labels("failed").inc()
             log.error("reload failed; keeping the running config", error=str(exc))
             return False
+        changed = self.policy.apply(fresh.routing)
+        if self._auth is not None and agents is not None:
+            self._auth.replace(agents)
         self.metrics.reloads.labels("ok").inc()
         log.info("reloaded", policy_changed=changed, generation=self.policy.generation)
         return True

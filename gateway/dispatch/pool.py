@@ -248,6 +248,16 @@ class PoolDispatcher:
     # ------------------------------------------------------------------ serving one batch
 
     async def _serve(self, items: list[WorkItem]) -> None:
+        try:
+            await self._serve_batch(items)
+        except asyncio.CancelledError:
+            # Cancelled at the drain deadline (or on close) before it answered: accepted work is never
+            # dropped silently; the agents resend these elsewhere.
+            for item in items:
+                self._answer_status(item, "UNAVAILABLE", "gateway stopping: resend")
+            raise
+
+    async def _serve_batch(self, items: list[WorkItem]) -> None:
         now = time.monotonic()
         model, version = items[0].model, items[0].version
         spec = self.backend.model(model, version)

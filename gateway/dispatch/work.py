@@ -29,6 +29,7 @@ class WorkItem:
     decision: Decision
     enqueued: float = 0.0
     attempts: int = 0  # backend attempts so far (a retry goes to another pool)
+    answered: bool = False  # set once its response is out: a request is never answered twice
 
     @property
     def model(self) -> str:

@@ -178,3 +178,22 @@ async def test_failing_backend_trips_breaker_and_traffic_spills_then_returns(mod
     assert sample(gw, "hkgw_backend_calls_total", backend="gpu", outcome="unavailable") >= 2
     assert gpu.calls > calls_before
     assert any(r.tier == pb.TIER_CLOUD for r in after)
+
+
+async def test_drain_deadline_answers_unfinished_batches(models_dir: Path) -> None:
+    """Batches still in a backend when the drain deadline passes are answered UNAVAILABLE, never dropped."""
+    overrides = split_backends(models_dir)
+    overrides["drain_timeout_s"] = 0.3
+    async with run_gateway(models_dir=models_dir, **overrides) as gw:
+        for name in ("embedded", "gpu"):
+            backend(gw, name).delay_s = 5.0  # longer than the drain deadline
+        async with WireClient(gw.endpoint("hgc")) as agent:
+            requests = synthetic(10, seed=16)
+            ack = await agent.wait_ack(await agent.send(requests))
+            await wait_for(lambda: any(p.inflight for p in gw.pools.values()))
+            await gw.drain()
+            responses = await agent.wait_responses(list(ack.accepted_ids), timeout_s=10)
+    assert responses
+    assert {r.status for r in responses} == {pb.STATUS_UNAVAILABLE}
+    assert all(r.retry_after_ms > 0 for r in responses)
+    assert agent.duplicate_responses == 0

@@ -120,3 +120,17 @@ def test_directory_maps_keys_to_agent_and_region(keys: dict[str, Path]) -> None:
 def test_secret_key_files_are_private(keys: dict[str, Path]) -> None:
     """keygen writes secret keys readable by the owner only."""
     assert keys["agent"].stat().st_mode & 0o077 == 0
+
+
+async def test_missing_server_key_is_a_start_error(models_dir: Path, tmp_path: Path) -> None:
+    """A curve config whose key file is missing fails start with a GatewayStartError naming security."""
+    from gateway.server import GatewayStartError
+
+    security = {
+        "mode": "curve",
+        "server_secret_key": str(tmp_path / "nope.key_secret"),
+        "authorized_agents": str(tmp_path),
+    }
+    with pytest.raises(GatewayStartError, match="security"):
+        async with run_gateway(models_dir=models_dir, security=security):
+            pass
