@@ -98,7 +98,7 @@ class Ingest:
         self._pools = pools
         self._replies = replies
         self._metrics = metrics
-        self._regions = regions
+        self.regions = regions
         self._auth = authenticator
         self._clock = clock
         self.dedupe = DedupeWindow(config.dedupe.window_s, config.dedupe.max_entries)
@@ -150,7 +150,7 @@ class Ingest:
         """The authenticated agent id and its region; the envelope must agree with the key's identity."""
         if self._auth is None:  # plaintext on loopback: the envelope is all there is
             peer = str(header.get("Peer-Address"))
-            return envelope.agent_id or "anonymous", self._regions.resolve(envelope.region, peer)
+            return envelope.agent_id or "anonymous", self.regions.resolve(envelope.region, peer)
         user_id = str(header.get("User-Id") or "")
         identity = self._auth.identity(user_id) if user_id else None
         if identity is None:
@@ -167,7 +167,7 @@ class Ingest:
                 envelope,
             )
             return None, ""
-        return identity.agent_id, self._regions.resolve(identity.region)
+        return identity.agent_id, self.regions.resolve(identity.region)
 
     # ------------------------------------------------------------------ control messages
 

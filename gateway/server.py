@@ -13,6 +13,7 @@ import contextlib
 import time
 from pathlib import Path
 
+import geoip2.database
 import structlog
 import zmq
 import zmq.asyncio
@@ -24,6 +25,7 @@ from gateway.config import GatewayConfig, load_config
 from gateway.dispatch.breaker import CircuitBreaker
 from gateway.dispatch.cpu import CpuStage, default_workers
 from gateway.dispatch.pool import PoolDispatcher
+from gateway.dispatch.work import WorkItem
 from gateway.ingest import Ingest
 from gateway.ingress.auth import (
     AgentAuthenticator,
@@ -87,6 +89,7 @@ class Gateway:
         )
         self._started = False
         self._closed = False
+        self._geoip: geoip2.database.Reader | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------------ start
@@ -124,7 +127,7 @@ class Gateway:
             self.cpu.start()
             await self.cpu.warm_up()
             ingest = self.ingest = Ingest(
-                cfg, codec, self.policy, self.pools, replies, self.metrics, RegionResolver(), self._auth
+                cfg, codec, self.policy, self.pools, replies, self.metrics, self._regions(), self._auth
             )
             routing_pools = {p.name: p for p in cfg.routing.pools}
             # One breaker per backend, shared by every pool on it: a failing server is out for all of them.
@@ -147,6 +150,7 @@ class Gateway:
                     cpu=self.cpu,
                     respond=ingest.respond,
                     reroute=ingest.reroute,
+                    observe=self._observe_latency,
                 )
                 self.pools[name].start()
             for carrier_cfg in cfg.carriers:
@@ -169,7 +173,12 @@ class Gateway:
                 self._set_carrier_enabled_threadsafe,
                 stale_after_s=max(2.0, 4 * cfg.health.interval_s),
             )
-            self.http.start()
+            try:
+                self.http.start()
+            except OSError as exc:
+                raise GatewayStartError(
+                    f"http: cannot listen on {cfg.http.host}:{cfg.http.port}: {exc}"
+                ) from exc
             self._tasks.append(asyncio.create_task(self._health_loop(), name="health"))
             if self.notifier.watchdog_s:
                 self._tasks.append(asyncio.create_task(self._watchdog_loop(), name="watchdog"))
@@ -197,6 +206,17 @@ class Gateway:
                 await backend.start()
             except Exception as exc:
                 raise GatewayStartError(f"backends.{name}: failed to start: {exc}") from exc
+
+    def _regions(self) -> RegionResolver:
+        """Regions from agent keys, else from the peer address through the configured MaxMind database."""
+        path = self.config.routing.geoip_db
+        if path is None:
+            return RegionResolver()
+        try:
+            self._geoip = geoip2.database.Reader(path)
+        except (OSError, ValueError) as exc:
+            raise GatewayStartError(f"routing.geoip_db: cannot open {path}: {exc}") from exc
+        return RegionResolver(self._geoip)
 
     def _start_security(self) -> dict[int, object] | None:
         sec = self.config.security
@@ -271,6 +291,8 @@ class Gateway:
                 await backend.aclose()
         if self.cpu is not None:
             self.cpu.close()
+        if self._geoip is not None:
+            self._geoip.close()
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
@@ -294,6 +316,10 @@ class Gateway:
         self.metrics.reloads.labels("ok").inc()
         log.info("reloaded", policy_changed=changed, generation=self.policy.generation)
         return True
+
+    def _observe_latency(self, item: WorkItem, service_s: float) -> None:
+        if item.decision.pool is not None and item.decision.pool in self.policy.policy.pool_names:
+            self.policy.policy.observe(item.model, item.decision, service_s)
 
     # ------------------------------------------------------------------ health
 

@@ -33,6 +33,7 @@ log = structlog.get_logger("gateway.dispatch")
 # (item, response fields, serialized outputs): the outputs come from the CPU stage already serialized.
 Respond = Callable[[WorkItem, pb.InferResponse, bytes], None]
 Reroute = Callable[[WorkItem, str], bool]  # (item, failed pool) -> True when another pool took it
+Observe = Callable[[WorkItem, float], None]  # (item, service seconds): feeds routing's latency calibration
 STATUS_BY_NAME = {name.removeprefix("STATUS_"): value for name, value in pb.Status.items()}
 
 
@@ -80,6 +81,7 @@ class PoolDispatcher:
         cpu: CpuStage,
         respond: Respond,
         reroute: Reroute,
+        observe: Observe | None = None,
         ewma_alpha: float = 0.2,
     ) -> None:
         self.name = name
@@ -92,6 +94,7 @@ class PoolDispatcher:
         self._cpu = cpu
         self._respond = respond
         self._reroute = reroute
+        self._observe = observe
         self._alpha = ewma_alpha
         self._queues: dict[tuple[str, str], _ModelQueue] = {}
         self._depth = 0
@@ -302,6 +305,12 @@ class PoolDispatcher:
             return
         t_post = time.perf_counter()
         self._succeeded(t_post - t_infer, len(kept))
+        if self._observe is not None:
+            seen: set[int] = set()
+            for item in kept:  # one observation per size bucket: the batch's time is each one's service time
+                if item.decision.size_bucket not in seen:
+                    seen.add(item.decision.size_bucket)
+                    self._observe(item, t_post - t_infer)
         try:
             outputs = await self._cpu.finish(
                 spec.pipeline, prepared, result.outputs, [payloads[i] for i in prepared.kept]
