@@ -105,6 +105,7 @@ class Peer:
 
     def __init__(self, name: str, argv: list[str], ready: str, env: dict[str, str] | None = None) -> None:
         self.name = name
+        self.http_port = 0
         self.proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})}
         )
@@ -132,6 +133,7 @@ class Peer:
             except ValueError:
                 continue
             if record.get("event") == "gateway ready":
+                self.http_port = int(record["http_port"])
                 return str(record["carriers"]["hgc"])
         raise RuntimeError(f"{self.name} not ready")
 
@@ -230,6 +232,45 @@ def summarise(peer: Peer, mode: str, tracker: Tracker, elapsed: float, cpu_befor
     )
 
 
+class HealthProbe:
+    """Polls a carrier health URL every 50 ms on a thread and keeps each answer's latency (GeoDNS view)."""
+
+    def __init__(self, url: str) -> None:
+        import threading
+
+        self.url = url
+        self.latencies_ms: list[float] = []
+        self.statuses: Counter[int] = Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import urllib.error
+        import urllib.request
+
+        while not self._stop.wait(0.05):
+            start = time.perf_counter()
+            try:
+                with urllib.request.urlopen(self.url, timeout=2) as resp:
+                    self.statuses[resp.status] += 1
+            except urllib.error.HTTPError as err:
+                self.statuses[err.code] += 1
+            except OSError:
+                self.statuses[0] += 1
+            self.latencies_ms.append((time.perf_counter() - start) * 1000)
+
+    def stop(self) -> str:
+        self._stop.set()
+        self._thread.join()
+        lat = np.array(self.latencies_ms)
+        p50, p99 = np.percentile(lat, [50, 99])
+        return (
+            f"{len(lat)} probes, p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {lat.max():.1f} ms, "
+            f"statuses {dict(self.statuses)}"
+        )
+
+
 def throughput(
     peer: Peer,
     requests: list[pb.InferRequest],
@@ -300,6 +341,8 @@ instance = "bench"
 [[carriers]]
 name = "hgc"
 bind = "tcp://127.0.0.1:*"
+[security]
+mode = "plaintext"
 [http]
 port = 0
 [logging]
@@ -435,21 +478,28 @@ def main(argv: list[str] | None = None) -> int:
             ("null", lambda: start_gateway(work, "null"), True),
             ("onnx", lambda: start_gateway(work, "onnx"), True),
         ]
+        health: dict[str, str] = {}
         for label, factory, is_gateway in peers:
             peer = factory()
             try:
+                url = f"http://127.0.0.1:{peer.http_port}/health/carriers/hgc"
+                probe = HealthProbe(url) if is_gateway else None
                 runs.append(throughput(peer, requests, args.seconds, is_gateway))
+                if probe is not None:
+                    health[peer.name] = probe.stop()
                 if label != "onnx":
                     runs.append(latency(peer, requests, args.rate, min(args.seconds, 3.0), is_gateway))
             finally:
                 peer.close()
             print(f"{label}: done", file=sys.stderr)
+    report = render(runs, args) + "\n\nHealth endpoint under the throughput load (one probe every 50 ms):\n"
+    report += "\n".join(f"- {name}: {line}" for name, line in health.items())
     if args.json:
         print(json.dumps([asdict(r) for r in runs], indent=2))
     else:
-        print(render(runs, args))
+        print(report)
     if args.write:
-        update_section("gateway", render(runs, args))
+        update_section("gateway", report)
     return 0
 
 

@@ -167,7 +167,7 @@ class GatewayConfig(_Section):
 
     instance: str = "hk-gw-1"
     carriers: tuple[CarrierConfig, ...] = Field(min_length=1)
-    security: SecurityConfig = SecurityConfig(mode="plaintext")
+    security: SecurityConfig  # required: CurveZMQ unless a config says plaintext (loopback only)
     http: HttpConfig = HttpConfig()
     limits: LimitsConfig = LimitsConfig()
     zmq: ZmqConfig = ZmqConfig()
@@ -273,7 +273,6 @@ def default_section() -> dict[str, Any]:
             {"name": "pccw", "bind": "tcp://127.0.0.1:5556"},
             {"name": "tgt", "bind": "tcp://127.0.0.1:5557"},
         ],
-        "security": {"mode": "plaintext"},
         "backends": {"embedded": {"type": "onnx", "repository": DEFAULT_MODELS_DIR, "threads": 2}},
         "pools": pools,
         "routing": routing,
@@ -355,7 +354,11 @@ def load_config(
 ) -> GatewayConfig:
     """Defaults, then the TOML file, then ``HKGW_*`` environment variables, then CLI overrides."""
     raw = default_section()
-    if path is not None:
+    if path is None:
+        # Only the no-argument local gateway is plaintext by default; a config file gets CurveZMQ unless
+        # it says otherwise.
+        raw["security"] = {"mode": "plaintext"}
+    else:
         try:
             with path.open("rb") as fh:
                 from_file = tomllib.load(fh)
@@ -370,6 +373,7 @@ def load_config(
         if "routing" in from_file:
             raw["routing"] = {}
         raw = _merge(raw, from_file)
+        raw.setdefault("security", {"mode": "curve"})
     raw = _merge(raw, _env_overrides(os.environ if environ is None else environ))
     if overrides:
         raw = _merge(raw, overrides)

@@ -90,6 +90,7 @@ def loopback_overrides(models_dir: Path, **extra: Any) -> dict[str, Any]:
             {"name": "tgt", "bind": "tcp://127.0.0.1:*"},
         ],
         "http": {"host": "127.0.0.1", "port": 0},
+        "security": {"mode": "plaintext"},
         "backends": {"embedded": {"type": "onnx", "repository": str(models_dir), "threads": 2}},
         "health": {"interval_s": 0.1, "rise": 2, "fall": 2},
         "drain_timeout_s": 5.0,

@@ -29,6 +29,8 @@ bind = "tcp://127.0.0.1:*"
 [[carriers]]
 name = "tgt"
 bind = "tcp://127.0.0.1:*"
+[security]
+mode = "plaintext"
 [http]
 port = 0
 [health]

@@ -83,3 +83,13 @@ def test_invalid_config_exits_non_zero_before_binding(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "http.port" in result.stderr
+
+
+def test_config_file_defaults_to_curve(tmp_path: Path) -> None:
+    """A config file that does not say plaintext gets CurveZMQ, and so must name its keys."""
+    config = tmp_path / "gw.toml"
+    config.write_text('instance = "hk-gw-2"\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(config, environ={})
+    assert [key for key, _ in info.value.problems] == ["security"]
+    assert load_config(environ={}).security.mode == "plaintext"  # the no-argument local gateway
