@@ -104,6 +104,7 @@ class Ingest:
         self.dedupe = DedupeWindow(config.dedupe.window_s, config.dedupe.max_entries)
         self.responses = ResponseCache(config.dedupe.response_cache_bytes)
         self.draining = False
+        self.epoch = time.time_ns()  # a new value each time the process starts
         self._retry_after_ms = config.replies.retry_after_ms
         self._reject_log = LogSampler(interval_s=1.0)
 
@@ -188,6 +189,7 @@ class Ingest:
                 max_records=limits.max_records,
             ),
             draining=self.draining,
+            gateway_epoch=self.epoch,
         )
         self._send(frame, pong)
 

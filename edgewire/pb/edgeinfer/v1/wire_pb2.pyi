@@ -935,6 +935,7 @@ class Pong(_message.Message):
     PREFERRED_DICT_ID_FIELD_NUMBER: _builtins.int
     LIMITS_FIELD_NUMBER: _builtins.int
     DRAINING_FIELD_NUMBER: _builtins.int
+    GATEWAY_EPOCH_FIELD_NUMBER: _builtins.int
     nonce: _builtins.int
     ping_sent_at_unix_us: _builtins.int
     """copied from the ping's envelope"""
@@ -943,6 +944,10 @@ class Pong(_message.Message):
     """the gateway's choice for new traffic; 0 = none"""
     draining: _builtins.bool
     """move new traffic to another carrier / gateway"""
+    gateway_epoch: _builtins.int
+    """Changes whenever the gateway process restarts. Work a gateway accepted and did not answer is lost with
+    the process: on a new epoch an agent resends what it still waits for (the new dedupe window serves it).
+    """
     @_builtins.property
     def dict_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """dictionaries the gateway can decode"""
@@ -959,10 +964,11 @@ class Pong(_message.Message):
         preferred_dict_id: _builtins.int = ...,
         limits: Global___Limits | None = ...,
         draining: _builtins.bool = ...,
+        gateway_epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dict_ids", b"dict_ids", "draining", b"draining", "limits", b"limits", "nonce", b"nonce", "ping_sent_at_unix_us", b"ping_sent_at_unix_us", "preferred_dict_id", b"preferred_dict_id", "server_time_unix_us", b"server_time_unix_us"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dict_ids", b"dict_ids", "draining", b"draining", "gateway_epoch", b"gateway_epoch", "limits", b"limits", "nonce", b"nonce", "ping_sent_at_unix_us", b"ping_sent_at_unix_us", "preferred_dict_id", b"preferred_dict_id", "server_time_unix_us", b"server_time_unix_us"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
