@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
+import signal
 import sys
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from edge_agent.synthetic import PROFILES, SyntheticTraffic
 from edgewire import pb
+from routing.regions import REGIONS
 
 KIND_NAMES = {
     v: pb.RequestKind.Name(v).removeprefix("REQUEST_KIND_").lower() for v in pb.RequestKind.values()
@@ -24,7 +30,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="Regional edge agent of hk-edge-gateway: serves simple requests locally and ships the "
         "rest to the Hong Kong gateway.",
     )
+    parser.add_argument("--region", help="this agent's region (see `edge-agent regions`)")
+    parser.add_argument("--config", type=Path, help="TOML config (deploy/edge-agent.example.toml)")
+    parser.add_argument("--intake", help="override intake (local endpoint for services)")
+    parser.add_argument(
+        "--synthetic", type=int, metavar="N", help="drive N synthetic requests, print a summary"
+    )
+    parser.add_argument("--rate", type=float, default=200.0, help="offered rate for --synthetic, requests/s")
+    parser.add_argument("--json", action="store_true", help="with --synthetic: the summary as JSON")
     sub = parser.add_subparsers(dest="command")
+    sub.add_parser("regions", help="list the built-in regions and their continents")
     traffic = sub.add_parser("traffic", help="generate synthetic traffic and summarise it")
     traffic.add_argument("--requests", type=int, default=4000)
     traffic.add_argument("--seed", type=int, default=8)
@@ -65,6 +80,12 @@ def traffic_summary(requests: int, seed: int, regions: Sequence[str] | None) -> 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "regions":
+        for region in REGIONS:
+            print(f"{region.name:<16} {region.continent}  {region.description}")
+        return 0
+    if args.command is None and (args.region or args.config):
+        return _run(args)
     if args.command == "traffic":
         try:
             print(traffic_summary(args.requests, args.seed, args.region))
@@ -74,3 +95,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     parser.print_help()
     return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from edge_agent.config import AgentConfigError, load_config
+
+    overrides: dict[str, Any] = {}
+    if args.region:
+        overrides["region"] = args.region
+    if args.intake:
+        overrides["intake"] = args.intake
+    try:
+        config = load_config(args.config, overrides=overrides)
+    except AgentConfigError as exc:
+        for key, message in exc.problems:
+            print(f"edge-agent: config: {key}: {message}", file=sys.stderr)
+        return 2
+    return asyncio.run(_serve(config, args))
+
+
+async def _serve(config: Any, args: argparse.Namespace) -> int:
+    from edge_agent.agent import EdgeAgent
+    from edge_agent.drive import drive
+
+    agent = EdgeAgent(config)
+    await agent.start()
+    try:
+        if args.synthetic:
+            result = await drive(agent.intake_endpoint, config.region, args.synthetic, args.rate)
+            print(json.dumps(result.as_dict()) if args.json else result.render())
+            return 0 if result.lost == 0 else 1
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+        await stop.wait()
+        return 0
+    finally:
+        await agent.aclose()

@@ -113,6 +113,11 @@ class GatewayProcess:
         assert self.proc is not None
         self.proc.send_signal(sig)
 
+    def kill_group(self) -> None:
+        """kill -9 the gateway with its CPU workers, as systemd's KillMode=control-group does."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGKILL)
+
     async def wait(self, timeout_s: float = 30.0) -> int:
         assert self.proc is not None
         code = await asyncio.wait_for(self.proc.wait(), timeout_s)

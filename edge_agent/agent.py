@@ -1,0 +1,305 @@
+"""The edge agent's lifecycle and data path: intake -> local tier -> spool -> batch -> uplink -> replies.
+
+Local services send requests to the intake (``EdgeClient``). The shared routing policy decides: edge-device
+requests are answered here; the rest go to Hong Kong. Interactive and batch requests are written to the
+spool before the caller is acknowledged and leave it only when the gateway has accepted them; a realtime
+request whose deadline cannot cover the round trip is served locally where a model exists, else failed
+fast. ``aclose()`` is safe before ``start()`` and safe twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+import structlog
+import zmq
+import zmq.asyncio
+
+from edge_agent.config import AgentConfig
+from edge_agent.discovery import CarrierEndpoint, Discovered, GatewayDiscovery, parse_nameserver
+from edge_agent.local import LocalTier
+from edge_agent.spool import Spool
+from edge_agent.uplink import Uplink
+from edgewire import DictionaryStore, FrameCodec, FrameError, is_valid_id, new_id, now_unix_us, pb
+from gateway.profile import profile_of, wire_priority
+from routing.holder import PolicyHolder
+from routing.types import Priority, Tier
+
+log = structlog.get_logger("edge_agent")
+SPOOLED = {"interactive": Priority.INTERACTIVE, "batch": Priority.BATCH}
+
+
+@dataclass
+class AgentStats:
+    received: int = 0
+    local: int = 0
+    remote: int = 0
+    failed_fast: Counter[str] = field(default_factory=Counter)
+    spool_refused: int = 0
+    orphan_responses: int = 0  # answers for callers that left (e.g. recovered from the spool)
+
+
+class EdgeAgent:
+    """One edge-agent process for one region."""
+
+    def __init__(self, config: AgentConfig, *, curve: tuple[bytes, bytes, bytes] | None = None) -> None:
+        self.config = config
+        self._curve = curve
+        self.policy = PolicyHolder(config.routing)
+        self.stats = AgentStats()
+        self.local: LocalTier | None = None
+        self.spool: Spool | None = None
+        self.uplink: Uplink | None = None
+        self._ctx: zmq.asyncio.Context | None = None
+        self._intake: zmq.asyncio.Socket | None = None
+        self._callers: dict[bytes, bytes] = {}  # request id -> intake routing id of the caller
+        self._tasks: list[asyncio.Task[None]] = []
+        self._started = False
+        self._closed = False
+        self._stop = asyncio.Event()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        cfg = self.config
+        try:
+            self._ctx = zmq.asyncio.Context()
+            dictionaries = DictionaryStore()
+            if cfg.dictionaries is not None:
+                dictionaries.load_dir(cfg.dictionaries)
+            codec = FrameCodec(dictionaries=dictionaries, level=cfg.zstd_level)
+            if cfg.local.enabled and cfg.local.repository.exists():
+                self.local = LocalTier(cfg.local.repository, cfg.local.threads)
+                await self.local.start()
+            self.spool = Spool(
+                cfg.spool.directory / cfg.name,
+                segment_bytes=cfg.spool.segment_bytes,
+                max_bytes=cfg.spool.max_bytes,
+                fsync=cfg.spool.fsync,
+                when_full=cfg.spool.when_full,
+            )
+            self.uplink = Uplink(cfg, codec, self._ctx, self._on_response, self._on_accepted, self._curve)
+            self.uplink.set_endpoints([(c.name, c.endpoint) for c in cfg.carriers])
+            self.uplink.start()
+            if cfg.discovery.mode != "static":
+                self._tasks.append(asyncio.create_task(self._discover(), name="discovery"))
+            self._recover()
+            self._intake = self._ctx.socket(zmq.ROUTER)
+            self._intake.setsockopt(zmq.LINGER, 0)
+            self._intake.bind(cfg.intake)
+            self._tasks.append(asyncio.create_task(self._receive(), name="intake"))
+        except BaseException:
+            await self.aclose()
+            raise
+        log.info(
+            "edge agent ready",
+            agent=cfg.name,
+            region=cfg.region,
+            intake=self.intake_endpoint,
+            carriers=[c.endpoint for c in cfg.carriers],
+            local_tier=self.local is not None,
+        )
+
+    async def _discover(self) -> None:
+        """Follow the gateway's carrier addresses in DNS (respecting TTL); the static list is the fallback."""
+        d = self.config.discovery
+        discovery = GatewayDiscovery(
+            d.name,
+            mode=d.mode,
+            port=d.port,
+            nameservers=[parse_nameserver(ns) for ns in d.nameservers],
+            static=[CarrierEndpoint(c.name, c.endpoint) for c in self.config.carriers],
+            min_ttl_s=d.min_ttl_s,
+            max_ttl_s=d.max_ttl_s,
+            timeout_s=d.timeout_s,
+        )
+
+        def changed(found: Discovered) -> None:
+            assert self.uplink is not None
+            self.uplink.set_endpoints([(e.name, e.endpoint) for e in found.endpoints])
+            log.info(
+                "gateway endpoints",
+                source=found.source,
+                ttl_s=found.ttl_s,
+                error=found.error,
+                endpoints=[e.endpoint for e in found.endpoints],
+            )
+
+        await discovery.watch(changed, self._stop)
+
+    @property
+    def intake_endpoint(self) -> str:
+        if self._intake is None:
+            return self.config.intake
+        return self._intake.get_string(zmq.LAST_ENDPOINT)
+
+    def _recover(self) -> None:
+        """Resend what an earlier run spooled and the gateway never accepted."""
+        assert self.spool is not None
+        assert self.uplink is not None
+        requests = []
+        for _, payload, _ in self.spool.pending():
+            request = pb.InferRequest.FromString(payload)
+            requests.append(request)
+        if requests:
+            log.info("resending spooled requests", count=len(requests), skipped=dict(self.spool.drops))
+            self.uplink.submit(requests)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.uplink is not None:
+            await self.uplink.aclose()
+        if self._intake is not None:
+            self._intake.close(0)
+        if self.local is not None:
+            await self.local.aclose()
+        if self.spool is not None:
+            self.spool.close()
+        if self._ctx is not None:
+            self._ctx.term()
+
+    # ------------------------------------------------------------------ intake
+
+    async def _receive(self) -> None:
+        assert self._intake is not None
+        codec = FrameCodec()
+        while True:
+            frames = await self._intake.recv_multipart()
+            caller, body = frames[0], frames[1:]
+            try:
+                batch = codec.decode(body).payload
+            except FrameError as exc:
+                log.warning("bad frame from a local service", reason=exc.label)
+                continue
+            if isinstance(batch, pb.RequestBatch):
+                await self._take(caller, list(batch.requests))
+
+    async def _take(self, caller: bytes, requests: list[pb.InferRequest]) -> None:  # noqa: PLR0912  (one decision table)
+        assert self.uplink is not None
+        assert self.spool is not None
+        cfg = self.config
+        ack = pb.Ack(acked_message_id=new_id())
+        local: defaultdict[tuple[str, str], list[pb.InferRequest]] = defaultdict(list)
+        remote: list[pb.InferRequest] = []
+        policy = self.policy.policy
+        wall = now_unix_us()
+        rtt = self.uplink.rtt_s()
+        for request in requests:
+            self.stats.received += 1
+            if not is_valid_id(request.request_id):
+                request.request_id = new_id()
+            priority = wire_priority(request.priority)
+            remaining = (request.deadline_unix_us - wall) / 1e6 if request.deadline_unix_us else None
+            profile = profile_of(request, priority, remaining, cfg.region)
+            decision = policy.tier_for(profile)
+            can_local = self.local is not None and self.local.serves(
+                request.model_name, request.model_version
+            )
+            if decision.tier is Tier.EDGE_DEVICE and can_local:
+                local[(request.model_name, request.model_version)].append(request)
+                continue
+            if priority is Priority.REALTIME and remaining is not None:
+                # The round trip to Hong Kong plus the estimated service time must fit the deadline.
+                needed = (rtt if rtt is not None else float("inf")) + (decision.est_latency_s or 0.0)
+                if needed > remaining:
+                    if can_local:
+                        local[(request.model_name, request.model_version)].append(request)
+                    else:
+                        self._fail_fast(
+                            caller, request, "realtime deadline shorter than the round trip to HK"
+                        )
+                    continue
+            if not self.uplink.has_room():
+                self._refuse(ack, request, "agent in-flight window full")
+                continue
+            if priority.value in cfg.spool.classes:
+                result = self.spool.append(
+                    request.request_id,
+                    request.SerializeToString(),
+                    request.deadline_unix_us / 1e6 if request.deadline_unix_us else 0.0,
+                )
+                if result != "stored":
+                    self.stats.spool_refused += 1
+                    self._refuse(ack, request, f"spool full ({result})")
+                    continue
+            self._callers[request.request_id] = caller
+            ack.accepted_ids.append(request.request_id)
+            remote.append(request)
+        if remote:
+            if cfg.spool.fsync == "batch":
+                self.spool.sync()
+            self.uplink.submit(remote)
+            self.stats.remote += len(remote)
+        await self._reply(caller, pb.RequestBatch(), ack)
+        for batch in local.values():
+            self._tasks.append(asyncio.create_task(self._serve_local(caller, batch)))
+        self._tasks = [t for t in self._tasks if not t.done()]
+
+    async def _serve_local(self, caller: bytes, requests: list[pb.InferRequest]) -> None:
+        assert self.local is not None
+        responses = await self.local.serve(requests)
+        self.stats.local += len(responses)
+        await self._send_responses(caller, responses)
+
+    def _refuse(self, ack: pb.Ack, request: pb.InferRequest, detail: str) -> None:
+        ack.nacks.append(
+            pb.Nack(
+                request_id=request.request_id,
+                reason=pb.NACK_REASON_OVERLOADED,
+                retry_after_ms=200,
+                detail=detail,
+            )
+        )
+
+    def _fail_fast(self, caller: bytes, request: pb.InferRequest, reason: str) -> None:
+        self.stats.failed_fast[reason] += 1
+        response = pb.InferResponse(
+            request_id=request.request_id,
+            status=pb.STATUS_DEADLINE_EXCEEDED,
+            error_message=reason,
+            model_name=request.model_name,
+        )
+        self._tasks.append(asyncio.create_task(self._send_responses(caller, [response])))
+
+    async def _reply(self, caller: bytes, _: pb.RequestBatch, ack: pb.Ack) -> None:
+        if self._intake is None:
+            return
+        frames = FrameCodec().encode(ack, agent_id=self.config.name, region=self.config.region)
+        await self._intake.send_multipart([caller, *frames])
+
+    async def _send_responses(self, caller: bytes, responses: list[pb.InferResponse]) -> None:
+        if self._intake is None or not responses:
+            return
+        frames = FrameCodec().encode(
+            pb.ResponseBatch(responses=responses), agent_id=self.config.name, region=self.config.region
+        )
+        try:
+            await self._intake.send_multipart([caller, *frames], flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            self.stats.orphan_responses += len(responses)
+
+    # ------------------------------------------------------------------ uplink callbacks
+
+    def _on_accepted(self, ids: list[bytes]) -> None:
+        if self.spool is not None:
+            self.spool.ack(ids)
+
+    def _on_response(self, response: pb.InferResponse) -> None:
+        caller = self._callers.pop(response.request_id, None)
+        if self.spool is not None:
+            self.spool.ack([response.request_id])
+        if caller is None:
+            self.stats.orphan_responses += 1
+            return
+        self._tasks.append(asyncio.create_task(self._send_responses(caller, [response])))

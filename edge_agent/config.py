@@ -1,0 +1,195 @@
+"""The edge agent's one typed config: TOML file, then ``EDGE_*`` environment, then CLI flags.
+
+``load_config`` raises :class:`gateway.config.ConfigError`-style errors naming every bad key (this module's
+own :class:`AgentConfigError`); only the CLI turns them into an exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from routing.config import DEFAULT_ROUTING_SECTION, RoutingConfig, RoutingConfigError, load_routing_config
+from routing.regions import REGIONS
+
+ENV_PREFIX = "EDGE_"
+REGION_NAMES = tuple(r.name for r in REGIONS)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CarrierEntry(_Section):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]{0,62}$")
+    endpoint: str = Field(pattern=r"^tcp://")
+
+
+class DiscoveryConfig(_Section):
+    """How the agent finds the gateway's carrier ingress addresses."""
+
+    mode: Literal["static", "srv", "address"] = "static"
+    name: str = ""  # SRV name or host name of the ingest service
+    port: int = Field(default=5555, ge=1, le=65535)  # with mode "address"
+    nameservers: tuple[str, ...] = ()  # "IP:PORT"; empty = the system resolver
+    min_ttl_s: float = Field(default=1.0, gt=0)  # answers are re-queried no sooner than this
+    max_ttl_s: float = Field(default=300.0, gt=0)  # ... and no later than this
+    timeout_s: float = Field(default=1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _name_for_dns(self) -> Self:
+        if self.mode != "static" and not self.name:
+            raise ValueError(f"mode {self.mode!r} needs a name")
+        return self
+
+
+class SecurityConfig(_Section):
+    mode: Literal["curve", "plaintext"] = "plaintext"
+    agent_secret_key: Path | None = None  # this agent's .key_secret (hk-gateway keygen --agent)
+    gateway_public_key: Path | None = None  # the gateway's .key
+
+    @model_validator(mode="after")
+    def _curve_needs_keys(self) -> Self:
+        if self.mode == "curve" and (self.agent_secret_key is None or self.gateway_public_key is None):
+            raise ValueError("mode 'curve' needs agent_secret_key and gateway_public_key")
+        return self
+
+
+class BatchingConfig(_Section):
+    linger_ms: float = Field(default=2.0, ge=0)
+    max_records: int = Field(default=100, ge=1, le=1024)
+    max_bytes: int = Field(default=1 << 20, ge=1024)
+
+
+class UplinkConfig(_Section):
+    ping_interval_s: float = Field(default=0.5, gt=0)
+    dead_after_s: float = Field(default=2.0, gt=0)  # no pong for this long: the carrier is down
+    ack_timeout_s: float = Field(default=1.5, gt=0)  # no ack for a frame: resend on another carrier
+    max_inflight: int = Field(default=20_000, ge=1)  # requests sent and not answered, all carriers
+    reconnect_ivl_ms: int = Field(default=100, ge=1)
+    reconnect_ivl_max_ms: int = Field(default=5000, ge=1)
+    sndhwm: int = Field(default=10_000, ge=1)
+
+
+class SpoolConfig(_Section):
+    directory: Path = Path("var/spool")
+    segment_bytes: int = Field(default=8 << 20, ge=4096)
+    max_bytes: int = Field(default=256 << 20, ge=65536)
+    fsync: Literal["always", "batch", "never"] = "batch"
+    when_full: Literal["block", "drop_oldest", "drop_newest"] = "drop_oldest"
+    classes: tuple[Literal["interactive", "batch"], ...] = ("interactive", "batch")
+
+
+class LocalTierConfig(_Section):
+    enabled: bool = True
+    repository: Path = Path("var/models")
+    threads: int = Field(default=1, ge=1)
+
+
+class HttpConfig(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(default=9103, ge=0, le=65535)
+
+
+class AgentConfig(_Section):
+    """Everything ``edge-agent`` needs."""
+
+    region: Literal[REGION_NAMES]  # type: ignore[valid-type]  # the built-in region list, as a Literal
+    agent_id: str = Field(default="", pattern=r"^[A-Za-z0-9._-]{0,64}$")
+    intake: str = "tcp://127.0.0.1:5600"
+    carriers: tuple[CarrierEntry, ...] = (
+        CarrierEntry(name="hgc", endpoint="tcp://127.0.0.1:5555"),
+        CarrierEntry(name="pccw", endpoint="tcp://127.0.0.1:5556"),
+        CarrierEntry(name="tgt", endpoint="tcp://127.0.0.1:5557"),
+    )
+    discovery: DiscoveryConfig = DiscoveryConfig()
+    security: SecurityConfig = SecurityConfig()
+    batching: BatchingConfig = BatchingConfig()
+    uplink: UplinkConfig = UplinkConfig()
+    spool: SpoolConfig = SpoolConfig()
+    local: LocalTierConfig = LocalTierConfig()
+    http: HttpConfig = HttpConfig()
+    zstd_level: int = Field(default=3, ge=1, le=22)
+    dictionaries: Path | None = None
+    routing: RoutingConfig
+
+    @property
+    def name(self) -> str:
+        return self.agent_id or f"edge-{self.region}-1"
+
+
+class AgentConfigError(ValueError):
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(f"{k}: {m}" for k, m in problems))
+
+
+def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = (
+            _merge(out[key], value)
+            if isinstance(value, Mapping) and isinstance(out.get(key), dict)
+            else value
+        )
+    return out
+
+
+def _env(environ: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in environ.items():
+        if name.startswith(ENV_PREFIX) and name.isupper():
+            path = [p.lower() for p in name.removeprefix(ENV_PREFIX).split("__") if p]
+            node = out
+            for part in path[:-1]:
+                node = node.setdefault(part, {})
+            if path:
+                node[path[-1]] = value
+    return out
+
+
+def load_config(
+    path: Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> AgentConfig:
+    """Defaults < TOML file < ``EDGE_*`` environment < CLI overrides; every bad key named at once."""
+    raw: dict[str, Any] = {"routing": DEFAULT_ROUTING_SECTION}
+    if path is not None:
+        try:
+            with path.open("rb") as fh:
+                from_file = tomllib.load(fh)
+        except OSError as exc:
+            raise AgentConfigError([("(file)", exc.strerror or str(exc))]) from None
+        except tomllib.TOMLDecodeError as exc:
+            raise AgentConfigError([("(toml)", f"not valid TOML: {exc}")]) from None
+        if "routing" in from_file:
+            raw["routing"] = {}
+        raw = _merge(raw, from_file)
+    raw = _merge(raw, _env(os.environ if environ is None else environ))
+    raw = _merge(raw, overrides or {})
+    problems: list[tuple[str, str]] = []
+    try:
+        routing = load_routing_config(raw.get("routing", {}))
+    except RoutingConfigError as exc:
+        problems.extend(exc.problems)
+        routing = None
+    try:
+        config = AgentConfig.model_validate(
+            {**raw, "routing": routing or load_routing_config(DEFAULT_ROUTING_SECTION)}
+        )
+    except ValidationError as exc:
+        for err in exc.errors(include_url=False):
+            key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            cause = err.get("ctx", {}).get("error")
+            problems.append((key, str(cause) if isinstance(cause, ValueError) else err["msg"]))
+        raise AgentConfigError(problems) from None
+    if problems:
+        raise AgentConfigError(problems)
+    return config
