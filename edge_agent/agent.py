@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 import structlog
 import zmq
 import zmq.asyncio
+import zmq.auth
 
 from edge_agent.config import AgentConfig
 from edge_agent.discovery import CarrierEndpoint, Discovered, GatewayDiscovery, parse_nameserver
 from edge_agent.local import LocalTier
+from edge_agent.ops import AgentHttp
 from edge_agent.spool import Spool
 from edge_agent.uplink import Uplink
 from edgewire import DictionaryStore, FrameCodec, FrameError, is_valid_id, new_id, now_unix_us, pb
@@ -28,7 +30,7 @@ from routing.holder import PolicyHolder
 from routing.types import Priority, Tier
 
 log = structlog.get_logger("edge_agent")
-SPOOLED = {"interactive": Priority.INTERACTIVE, "batch": Priority.BATCH}
+STATUS_LABELS = {v: pb.Status.Name(v).removeprefix("STATUS_").lower() for v in pb.Status.values()}
 
 
 @dataclass
@@ -37,8 +39,9 @@ class AgentStats:
     local: int = 0
     remote: int = 0
     failed_fast: Counter[str] = field(default_factory=Counter)
-    spool_refused: int = 0
+    refused: int = 0  # nacked at intake: spool full or in-flight window full
     orphan_responses: int = 0  # answers for callers that left (e.g. recovered from the spool)
+    responses: Counter[str] = field(default_factory=Counter)  # answers given to callers, by status
 
 
 class EdgeAgent:
@@ -52,6 +55,7 @@ class EdgeAgent:
         self.local: LocalTier | None = None
         self.spool: Spool | None = None
         self.uplink: Uplink | None = None
+        self.http: AgentHttp | None = None
         self._ctx: zmq.asyncio.Context | None = None
         self._intake: zmq.asyncio.Socket | None = None
         self._callers: dict[bytes, bytes] = {}  # request id -> intake routing id of the caller
@@ -83,7 +87,8 @@ class EdgeAgent:
                 fsync=cfg.spool.fsync,
                 when_full=cfg.spool.when_full,
             )
-            self.uplink = Uplink(cfg, codec, self._ctx, self._on_response, self._on_accepted, self._curve)
+            curve = self._curve or self._load_keys()
+            self.uplink = Uplink(cfg, codec, self._ctx, self._on_response, self._on_accepted, curve)
             self.uplink.set_endpoints([(c.name, c.endpoint) for c in cfg.carriers])
             self.uplink.start()
             if cfg.discovery.mode != "static":
@@ -93,6 +98,8 @@ class EdgeAgent:
             self._intake.setsockopt(zmq.LINGER, 0)
             self._intake.bind(cfg.intake)
             self._tasks.append(asyncio.create_task(self._receive(), name="intake"))
+            self.http = AgentHttp(self)
+            await self.http.start(cfg.http.host, cfg.http.port)
         except BaseException:
             await self.aclose()
             raise
@@ -104,6 +111,19 @@ class EdgeAgent:
             carriers=[c.endpoint for c in cfg.carriers],
             local_tier=self.local is not None,
         )
+
+    def _load_keys(self) -> tuple[bytes, bytes, bytes] | None:
+        """(agent public, agent secret, gateway public) from the certificate files, for CurveZMQ."""
+        sec = self.config.security
+        if sec.mode != "curve":
+            return None
+        assert sec.agent_secret_key is not None
+        assert sec.gateway_public_key is not None
+        public, secret = zmq.auth.load_certificate(sec.agent_secret_key)
+        server, _ = zmq.auth.load_certificate(sec.gateway_public_key)
+        if secret is None:
+            raise ValueError(f"{sec.agent_secret_key}: holds no secret key")
+        return public, secret, server
 
     async def _discover(self) -> None:
         """Follow the gateway's carrier addresses in DNS (respecting TTL); the static list is the fallback."""
@@ -158,6 +178,8 @@ class EdgeAgent:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.http is not None:
+            await self.http.aclose()
         if self.uplink is not None:
             await self.uplink.aclose()
         if self._intake is not None:
@@ -230,7 +252,6 @@ class EdgeAgent:
                     request.deadline_unix_us / 1e6 if request.deadline_unix_us else 0.0,
                 )
                 if result != "stored":
-                    self.stats.spool_refused += 1
                     self._refuse(ack, request, f"spool full ({result})")
                     continue
             self._callers[request.request_id] = caller
@@ -253,6 +274,7 @@ class EdgeAgent:
         await self._send_responses(caller, responses)
 
     def _refuse(self, ack: pb.Ack, request: pb.InferRequest, detail: str) -> None:
+        self.stats.refused += 1
         ack.nacks.append(
             pb.Nack(
                 request_id=request.request_id,
@@ -281,6 +303,8 @@ class EdgeAgent:
     async def _send_responses(self, caller: bytes, responses: list[pb.InferResponse]) -> None:
         if self._intake is None or not responses:
             return
+        for response in responses:
+            self.stats.responses[STATUS_LABELS.get(response.status, "other")] += 1
         frames = FrameCodec().encode(
             pb.ResponseBatch(responses=responses), agent_id=self.config.name, region=self.config.region
         )

@@ -27,6 +27,7 @@ def agent_config(endpoints: dict[str, str], models: Path, spool: Path, **extra: 
         "local": {"repository": str(models)},
         "spool": {"directory": str(spool)},
         "uplink": {"ping_interval_s": 0.1, "dead_after_s": 0.6, "ack_timeout_s": 0.8},
+        "http": {"port": 0},
     }
     for key, value in extra.items():
         overrides[key] = {**overrides.get(key, {}), **value} if isinstance(value, dict) else value

@@ -200,6 +200,8 @@ fsync = "always"
 [uplink]
 ping_interval_s = 0.1
 dead_after_s = 0.6
+[http]
+port = 0
 """)
         proc = await asyncio.create_subprocess_exec(
             sys.executable,

@@ -1,0 +1,154 @@
+"""Realtime fallbacks when Hong Kong is out of reach, and the agent's own health and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import aiohttp
+
+from edge_agent.agent import EdgeAgent
+from edge_agent.client import EdgeClient
+from edge_agent.drive import drive
+from edge_agent.synthetic import SyntheticTraffic
+from edgewire import pb
+from gateway.testing import run_gateway, wait_for
+from tests.edge_agent.conftest import agent_config
+
+NOWHERE = {"hgc": "tcp://127.0.0.1:9"}  # nothing listens: Hong Kong unreachable
+
+
+def heavy_realtime(n: int, *, model_kind: int = pb.REQUEST_KIND_RANKING) -> list[pb.InferRequest]:
+    out = []
+    for g in SyntheticTraffic(21, regions=("us-west",)).take(n * 10):
+        if g.request.kind == model_kind:
+            request = pb.InferRequest()
+            request.CopyFrom(g.request)
+            request.request_id = b""
+            request.complexity_hint = 0.95  # would go to the cloud tier
+            out.append(request)
+        if len(out) == n:
+            break
+    return out
+
+
+async def test_realtime_without_hong_kong_is_served_locally(models_dir: Path, tmp_path: Path) -> None:
+    """A realtime request that cannot make the round trip is served by the local model when one exists."""
+    agent = EdgeAgent(agent_config(NOWHERE, models_dir, tmp_path / "spool"))
+    await agent.start()
+    try:
+        async with EdgeClient(agent.intake_endpoint) as client:
+            responses = await client.infer_many(
+                heavy_realtime(5), deadline_s=0.2, priority=pb.PRIORITY_CLASS_REALTIME
+            )
+    finally:
+        await agent.aclose()
+    assert {(r.status, r.tier, r.pool) for r in responses} == {(pb.STATUS_OK, pb.TIER_EDGE_DEVICE, "local")}
+
+
+async def test_realtime_without_hong_kong_or_local_model_fails_fast(models_dir: Path, tmp_path: Path) -> None:
+    """Without a local model the same request fails fast with a clear status, long before its deadline."""
+    agent = EdgeAgent(agent_config(NOWHERE, models_dir, tmp_path / "spool", local={"enabled": False}))
+    await agent.start()
+    try:
+        async with EdgeClient(agent.intake_endpoint) as client:
+            started = time.monotonic()
+            responses = await client.infer_many(
+                heavy_realtime(3), deadline_s=2.0, priority=pb.PRIORITY_CLASS_REALTIME
+            )
+            elapsed = time.monotonic() - started
+    finally:
+        await agent.aclose()
+    assert {r.status for r in responses} == {pb.STATUS_DEADLINE_EXCEEDED}
+    assert all("round trip" in r.error_message for r in responses)
+    assert elapsed < 1.0
+
+
+async def test_agent_health_and_metrics(models_dir: Path, tmp_path: Path) -> None:
+    """/readyz follows Hong Kong reachability; /metrics has carriers, spool, routes and passes promtool."""
+    async with run_gateway(models_dir=models_dir) as gw:
+        endpoints = {name: gw.endpoint(name) for name in gw.carriers}
+        agent = EdgeAgent(agent_config(endpoints, models_dir, tmp_path / "spool", local={"enabled": False}))
+        await agent.start()
+        try:
+            assert agent.uplink is not None and agent.http is not None
+            uplink = agent.uplink
+            await wait_for(lambda: uplink.best() is not None)
+            await drive(agent.intake_endpoint, "us-west", 50, rate=200)
+            base = f"http://127.0.0.1:{agent.http.port}"
+            async with aiohttp.ClientSession() as session:
+                async with session.get(f"{base}/readyz") as resp:
+                    ready = resp.status
+                async with session.get(f"{base}/metrics") as resp:
+                    body = await resp.text()
+        finally:
+            await agent.aclose()
+    assert ready == 200
+    for name in (
+        "edge_carrier_rtt_seconds",
+        "edge_carrier_up",
+        "edge_spool_records",
+        "edge_requests_total",
+        "edge_responses_total",
+        "edge_spool_drops_total",
+    ):
+        assert name in body
+    promtool = shutil.which("promtool")
+    assert promtool
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [promtool, "check", "metrics"],
+        input=body,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+async def test_agent_speaks_curve_to_a_curve_gateway(models_dir: Path, tmp_path: Path) -> None:
+    """With its key pair and the gateway's public key the agent is admitted and served over CurveZMQ."""
+    import shutil as sh
+
+    from gateway.ingress.auth import write_keypair
+
+    server_public, server_secret = write_keypair(tmp_path / "server", "gateway")
+    agent_public, agent_secret = write_keypair(
+        tmp_path / "agent", "edge-us-west-1", {"agent-id": "edge-us-west-1", "region": "us-west"}
+    )
+    (tmp_path / "authorized").mkdir()
+    sh.copy(agent_public, tmp_path / "authorized")
+    security = {
+        "mode": "curve",
+        "server_secret_key": str(server_secret),
+        "authorized_agents": str(tmp_path / "authorized"),
+    }
+    async with run_gateway(models_dir=models_dir, security=security) as gw:
+        endpoints = {name: gw.endpoint(name) for name in gw.carriers}
+        config = agent_config(
+            endpoints,
+            models_dir,
+            tmp_path / "spool",
+            local={"enabled": False},
+            agent_id="edge-us-west-1",
+            security={
+                "mode": "curve",
+                "agent_secret_key": str(agent_secret),
+                "gateway_public_key": str(server_public),
+            },
+        )
+        agent = EdgeAgent(config)
+        await agent.start()
+        try:
+            assert agent.uplink is not None
+            uplink = agent.uplink
+            await wait_for(lambda: uplink.best() is not None)
+            result = await drive(agent.intake_endpoint, "us-west", 30, rate=200)
+        finally:
+            await agent.aclose()
+    assert result.lost == 0
+    assert result.by_status["OK"] == 30
