@@ -30,6 +30,8 @@ from routing.holder import PolicyHolder
 from routing.types import Priority, Tier
 
 log = structlog.get_logger("edge_agent")
+LOCAL_MAX_BATCH = 32
+LOCAL_LINGER_S = 0.002
 STATUS_LABELS = {v: pb.Status.Name(v).removeprefix("STATUS_").lower() for v in pb.Status.values()}
 
 
@@ -63,6 +65,8 @@ class EdgeAgent:
         self._started = False
         self._closed = False
         self._stop = asyncio.Event()
+        self._local_queue: dict[tuple[str, str], list[tuple[bytes, pb.InferRequest]]] = {}
+        self._local_timers: dict[tuple[str, str], asyncio.TimerHandle] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -207,7 +211,7 @@ class EdgeAgent:
             if isinstance(batch, pb.RequestBatch):
                 await self._take(caller, list(batch.requests))
 
-    async def _take(self, caller: bytes, requests: list[pb.InferRequest]) -> None:  # noqa: PLR0912  (one decision table)
+    async def _take(self, caller: bytes, requests: list[pb.InferRequest]) -> None:  # noqa: PLR0912, PLR0915  (one decision table)
         assert self.uplink is not None
         assert self.spool is not None
         cfg = self.config
@@ -263,15 +267,41 @@ class EdgeAgent:
             self.uplink.submit(remote)
             self.stats.remote += len(remote)
         await self._reply(caller, pb.RequestBatch(), ack)
-        for batch in local.values():
-            self._tasks.append(asyncio.create_task(self._serve_local(caller, batch)))
+        for key, batch in local.items():
+            queue = self._local_queue.setdefault(key, [])
+            queue.extend((caller, request) for request in batch)
+            if len(queue) >= LOCAL_MAX_BATCH:
+                self._flush_local(key)
+            elif key not in self._local_timers:
+                # Micro-batching: requests from many callers share one model call.
+                loop = asyncio.get_running_loop()
+                self._local_timers[key] = loop.call_later(LOCAL_LINGER_S, self._flush_local, key)
         self._tasks = [t for t in self._tasks if not t.done()]
 
-    async def _serve_local(self, caller: bytes, requests: list[pb.InferRequest]) -> None:
+    def _flush_local(self, key: tuple[str, str]) -> None:
+        timer = self._local_timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+        batch = self._local_queue.pop(key, [])
+        if batch:
+            self._tasks.append(asyncio.create_task(self._serve_local(batch)))
+
+    async def _serve_local(self, batch: list[tuple[bytes, pb.InferRequest]]) -> None:
         assert self.local is not None
-        responses = await self.local.serve(requests)
+        wall = now_unix_us()
+        live = [(c, r) for c, r in batch if not r.deadline_unix_us or r.deadline_unix_us > wall]
+        for caller, request in batch:
+            if request.deadline_unix_us and request.deadline_unix_us <= wall:
+                self._fail_fast(caller, request, "deadline passed before the local model was free")
+        if not live:
+            return
+        responses = await self.local.serve([r for _, r in live])
         self.stats.local += len(responses)
-        await self._send_responses(caller, responses)
+        by_caller: defaultdict[bytes, list[pb.InferResponse]] = defaultdict(list)
+        for (caller, _), response in zip(live, responses, strict=True):
+            by_caller[caller].append(response)
+        for caller, answers in by_caller.items():
+            await self._send_responses(caller, answers)
 
     def _refuse(self, ack: pb.Ack, request: pb.InferRequest, detail: str) -> None:
         self.stats.refused += 1

@@ -2,10 +2,10 @@
 
     python -m gateway.demo [--requests 3000] [--rate 1500]
 
-Starts ``hk-gateway`` with no arguments (three loopback carriers, the embedded ONNX demo models), sends
-synthetic cross-border traffic from every region through all three carriers with the wire codec (one
-DEALER per region and carrier, as agents do), prints the outcome, then stops the gateway with SIGTERM and
-shows that it drained. Until the edge agent lands, the regional side is this driver.
+Starts ``hk-gateway`` with no arguments (three loopback carriers, the embedded ONNX demo models), starts one
+edge agent per region (each with its local tier, spool and uplink over all three carriers), feeds each its
+region's share of realistic synthetic traffic through its intake, prints the outcome, then stops the gateway
+with SIGTERM and shows that it drained.
 """
 
 from __future__ import annotations
@@ -18,18 +18,17 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 
 import aiohttp
 import numpy as np
 
-from edge_agent.synthetic import SyntheticTraffic
-from edgewire import pb
-from gateway.testing import WireClient, fresh_requests
+from edge_agent.agent import EdgeAgent
+from edge_agent.config import load_config as load_agent_config
+from edge_agent.drive import DriveResult, drive
+from edge_agent.synthetic import PROFILES
 
 CARRIERS = ("hgc", "pccw", "tgt")
-STATUS = {v: pb.Status.Name(v).removeprefix("STATUS_") for v in pb.Status.values()}
-TIER = {v: pb.Tier.Name(v).removeprefix("TIER_").lower() for v in pb.Tier.values()}
-KIND = {v: pb.RequestKind.Name(v).removeprefix("REQUEST_KIND_").lower() for v in pb.RequestKind.values()}
 
 
 async def start_gateway() -> tuple[asyncio.subprocess.Process, dict[str, object]]:
@@ -57,92 +56,91 @@ async def start_gateway() -> tuple[asyncio.subprocess.Process, dict[str, object]
     raise SystemExit("hk-gateway did not become ready")
 
 
-async def drive(endpoints: dict[str, str], n: int, rate: float, seed: int) -> dict[str, object]:
-    generated = SyntheticTraffic(seed, rate_per_s=rate).take(n)
-    clients: dict[tuple[str, str], WireClient] = {}
-    for region in sorted({g.region for g in generated}):
-        for carrier in CARRIERS:
-            clients[(region, carrier)] = WireClient(
-                endpoints[carrier], agent_id=f"demo-{region}", region=region
-            )
-    for client in clients.values():
-        await client.__aenter__()
-    sent_at: dict[bytes, float] = {}
-    kinds: dict[bytes, str] = {}
-    start = time.perf_counter()
+async def drive_through_agents(
+    endpoints: dict[str, str], n: int, rate: float, seed: int, workdir: Path
+) -> list[tuple[str, DriveResult, dict[str, int]]]:
+    """One real edge agent per region (local tier, spool, uplink over all carriers), each fed its region's
+    share of the synthetic traffic through its intake, concurrently."""
+    shares = {p.name: p.share for p in PROFILES}
+    total = sum(shares.values())
+    agents = []
+    for region in shares:
+        config = load_agent_config(
+            environ={},
+            overrides={
+                "region": region,
+                "intake": "tcp://127.0.0.1:*",
+                "carriers": [{"name": name, "endpoint": endpoint} for name, endpoint in endpoints.items()],
+                "local": {"repository": str(workdir / "models")},
+                "spool": {"directory": str(workdir / "spool")},
+                "http": {"port": 0},
+            },
+        )
+        agent = EdgeAgent(config)
+        await agent.start()
+        agents.append(agent)
     try:
-        # Open loop at the synthetic arrival times; each region's requests rotate over the carriers.
-        pending: dict[tuple[str, str], list[pb.InferRequest]] = {}
-        for i, g in enumerate(generated):
-            delay = start + g.offset_s - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)  # open loop: the synthetic arrival time, not the last answer
-            (request,) = fresh_requests([g.request], budget_s=g.budget_ms / 1000)
-            key = (g.region, CARRIERS[i % len(CARRIERS)])
-            pending.setdefault(key, []).append(request)
-            sent_at[request.request_id] = time.perf_counter()
-            kinds[request.request_id] = KIND[request.kind]
-            if len(pending[key]) >= 8 or i == n - 1:  # agents batch a few requests per frame
-                await clients[key].send(pending.pop(key))
-        for key, rest in pending.items():
-            await clients[key].send(rest)
-        deadline = time.perf_counter() + 30
-        while time.perf_counter() < deadline:
-            answered = sum(len(c.responses) for c in clients.values())
-            nacked = sum(len(a.nacks) for c in clients.values() for a in c.acks.values())
-            if answered + nacked >= n:
-                break
-            for client in clients.values():
-                await client.receive_one(0.001)
+        for agent in agents:
+            uplink = agent.uplink
+            deadline = time.monotonic() + 10
+            while uplink is not None and uplink.best() is None and time.monotonic() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)  # polls the carriers' first pongs, with a deadline
+        results = await asyncio.gather(
+            *(
+                drive(
+                    a.intake_endpoint,
+                    a.config.region,
+                    max(1, round(n * shares[a.config.region] / total)),
+                    rate * shares[a.config.region] / total,
+                    seed,
+                )
+                for a in agents
+            )
+        )
+        out = []
+        for agent, result in zip(agents, results, strict=True):
+            uplink = agent.uplink
+            extra = {
+                "served at the edge": agent.stats.local,
+                "sent to Hong Kong": agent.stats.remote,
+                "failed fast": sum(agent.stats.failed_fast.values()),
+                "resent": sum(uplink.stats.resent.values()) if uplink else 0,
+                "duplicate answers dropped": uplink.stats.duplicate_responses if uplink else 0,
+            }
+            out.append((agent.config.region, result, extra))
+        return out
     finally:
-        for client in clients.values():
-            await client.__aexit__(None, None, None)
-    elapsed = time.perf_counter() - start
-    responses = {rid: r for c in clients.values() for rid, r in c.responses.items()}
-    nacks = [n for c in clients.values() for a in c.acks.values() for n in a.nacks]
-    return {
-        "elapsed": elapsed,
-        "responses": responses,
-        "nacks": nacks,
-        "sent": n,
-        "kinds": kinds,
-        "duplicates": sum(c.duplicate_responses for c in clients.values()),
-    }
+        for agent in agents:
+            await agent.aclose()
 
 
-def summarise(result: dict[str, object]) -> str:
-    responses = result["responses"]
-    nacks = result["nacks"]
-    kinds = result["kinds"]
-    assert isinstance(responses, dict)
-    assert isinstance(nacks, list)
-    assert isinstance(kinds, dict)
-    sent = int(str(result["sent"]))
-    by_status = Counter(STATUS[r.status] for r in responses.values())
-    by_route = Counter((TIER[r.tier], r.pool, r.route_reason) for r in responses.values())
-    by_kind = Counter(kinds[rid] for rid in responses)
-    server_ms = np.array([r.timing.total_us / 1000 for r in responses.values() if r.status == pb.STATUS_OK])
-    lost = sent - len(responses) - len(nacks)
-    lines = [
-        f"sent {sent} requests in {float(str(result['elapsed'])):.1f} s over {len(CARRIERS)} carriers",
-        f"answered {len(responses)}: " + ", ".join(f"{k} {v}" for k, v in by_status.most_common()),
-        f"refused at ingest (nack) {len(nacks)}: "
-        + (
-            ", ".join(f"{pb.NackReason.Name(k)} {v}" for k, v in Counter(n.reason for n in nacks).items())
-            or "none"
-        ),
-        f"lost {lost}, answered twice {result['duplicates']}",
-        "by kind: " + ", ".join(f"{k} {v}" for k, v in sorted(by_kind.items())),
-        "by tier / pool / reason:",
-        *[
-            f"  {tier:<12} {pool:<14} {reason:<22} {count}"
-            for (tier, pool, reason), count in by_route.most_common()
-        ],
+def summarise(results: list[tuple[str, DriveResult, dict[str, int]]]) -> str:
+    lines = []
+    totals: Counter[str] = Counter()
+    routes: Counter[str] = Counter()
+    sent = lost = 0
+    latencies: list[float] = []
+    for region, result, extra in results:
+        sent += result.sent
+        lost += result.lost
+        totals.update(result.by_status)
+        routes.update(result.by_route)
+        latencies.extend(result.latencies_ms)
+        d = result.as_dict()
+        lines.append(
+            f"  {region:<15} sent {result.sent:>5}  lost {result.lost}  ok {result.by_status['OK']:>5}  "
+            f"edge {extra['served at the edge']:>4}  to HK {extra['sent to Hong Kong']:>5}  "
+            f"p50 {d['latency_ms']['p50']:>6} ms  p99 {d['latency_ms']['p99']:>7} ms"
+        )
+    p50, p90, p99 = np.percentile(np.array(latencies), [50, 90, 99]) if latencies else (0.0, 0.0, 0.0)
+    head = [
+        f"sent {sent} requests through {len(results)} edge agents (one per region); lost {lost}",
+        "answered: " + ", ".join(f"{k} {v}" for k, v in totals.most_common()),
+        "by tier / pool: " + ", ".join(f"{k} {v}" for k, v in routes.most_common()),
+        f"caller latency: p50 {p50:.1f} ms, p90 {p90:.1f} ms, p99 {p99:.1f} ms",
+        "per region:",
     ]
-    if len(server_ms):
-        p50, p90, p99 = np.percentile(server_ms, [50, 90, 99])
-        lines.append(f"gateway time (receipt to reply): p50 {p50:.1f} ms, p90 {p90:.1f} ms, p99 {p99:.1f} ms")
-    return "\n".join(lines)
+    return "\n".join(head + lines)
 
 
 async def scrape(port: int, names: Sequence[str]) -> list[str]:
@@ -164,8 +162,10 @@ async def main_async(args: argparse.Namespace) -> int:
     port = int(str(ready["http_port"]))
     print(f"hk-gateway ready: carriers {carriers}, http :{port}")
     try:
-        result = await drive({k: str(v) for k, v in carriers.items()}, args.requests, args.rate, args.seed)
-        print(summarise(result))
+        results = await drive_through_agents(
+            {k: str(v) for k, v in carriers.items()}, args.requests, args.rate, args.seed, Path.cwd() / "var"
+        )
+        print(summarise(results))
         print("health and a few metrics:")
         print(
             "\n".join(
@@ -189,8 +189,8 @@ async def main_async(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--requests", type=int, default=3000)
-    parser.add_argument("--rate", type=float, default=1500.0, help="offered requests per second")
+    parser.add_argument("--requests", type=int, default=1500)
+    parser.add_argument("--rate", type=float, default=300.0, help="offered requests per second, all regions")
     parser.add_argument("--seed", type=int, default=8)
     return asyncio.run(main_async(parser.parse_args(argv)))
 
