@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="with --synthetic: the summary as JSON")
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("regions", help="list the built-in regions and their continents")
+    check = sub.add_parser("check-config", help="validate an agent config file and exit")
+    check.add_argument("path", type=Path)
     traffic = sub.add_parser("traffic", help="generate synthetic traffic and summarise it")
     traffic.add_argument("--requests", type=int, default=4000)
     traffic.add_argument("--seed", type=int, default=8)
@@ -83,6 +85,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "regions":
         for region in REGIONS:
             print(f"{region.name:<16} {region.continent}  {region.description}")
+        return 0
+    if args.command == "check-config":
+        from edge_agent.config import AgentConfigError, load_config
+
+        try:
+            config = load_config(args.path, environ={})
+        except AgentConfigError as exc:
+            for key, message in exc.problems:
+                print(f"{args.path}: {key}: {message}", file=sys.stderr)
+            return 2
+        carriers = len(config.carriers)
+        print(f"{args.path}: OK (agent {config.name}, region {config.region}, {carriers} static carriers)")
         return 0
     if args.command is None and (args.region or args.config):
         return _run(args)
