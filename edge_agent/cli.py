@@ -125,6 +125,11 @@ def _run(args: argparse.Namespace) -> int:
         for key, message in exc.problems:
             print(f"edge-agent: config: {key}: {message}", file=sys.stderr)
         return 2
+    from gateway.config import LoggingConfig
+    from gateway.ops.logs import configure_logging
+
+    # Logs go to stderr (JSON off a terminal), so stdout carries only the --synthetic summary.
+    configure_logging(LoggingConfig(format="auto", level="warning" if args.synthetic else "info"))
     return asyncio.run(_serve(config, args))
 
 

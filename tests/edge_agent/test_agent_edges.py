@@ -152,3 +152,46 @@ async def test_agent_speaks_curve_to_a_curve_gateway(models_dir: Path, tmp_path:
             await agent.aclose()
     assert result.lost == 0
     assert result.by_status["OK"] == 30
+
+
+async def test_cli_synthetic_run_reports_json_with_nothing_lost(models_dir: Path, tmp_path: Path) -> None:
+    """`edge-agent --config F --synthetic N --json` drives N requests through a real agent and gateway."""
+    import json
+    import sys
+
+    async with run_gateway(models_dir=models_dir) as gw:
+        carriers = "\n".join(
+            f'[[carriers]]\nname = "{n}"\nendpoint = "{gw.endpoint(n)}"' for n in gw.carriers
+        )
+        config = tmp_path / "agent.toml"
+        config.write_text(f"""
+region = "eu-west"
+intake = "tcp://127.0.0.1:*"
+{carriers}
+[local]
+repository = "{models_dir}"
+[spool]
+directory = "{tmp_path / "spool"}"
+[http]
+port = 0
+""")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "edge_agent",
+            "--config",
+            str(config),
+            "--synthetic",
+            "80",
+            "--rate",
+            "200",
+            "--json",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    summary = json.loads(out.decode())
+    assert summary["sent"] == 80
+    assert summary["lost"] == 0
+    assert sum(summary["answered"].values()) == 80
