@@ -29,7 +29,7 @@ import zmq
 import zmq.asyncio
 
 from edge_agent.config import AgentConfig
-from edgewire import FrameCodec, FrameError, new_id, now_unix_us, pb
+from edgewire import DictionaryError, FrameCodec, FrameError, new_id, now_unix_us, pb
 
 log = structlog.get_logger("edge_agent.uplink")
 
@@ -131,6 +131,9 @@ class Uplink:
         self._answered: OrderedDict[bytes, None] = OrderedDict()  # recently answered ids (bounded)
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        # Dictionary in use: only one the gateway advertised in its last Pong (0 = none yet).
+        self.dict_id = 0
+        self._dict_requested: set[int] = set()
         self.stats = UplinkStats()
 
     # ------------------------------------------------------------------ carriers
@@ -272,6 +275,7 @@ class Uplink:
             deadline_unix_us=deadline,
             message_id=message_id,
             attempt=attempt,
+            dict_id=self.dict_id,
         )
         if not _send_or_drop(carrier.sock, frames):  # HWM reached or not connected: try again later
             self._queue = [r.request_id for r in batch] + self._queue
@@ -344,11 +348,15 @@ class Uplink:
                     self._on_gateway_response(response)
             elif isinstance(payload, pb.Pong):
                 self._on_pong(carrier, payload)
+            elif isinstance(payload, pb.DictionaryResponse):
+                self._on_dictionary(payload)
 
     def _on_ack(self, carrier: Carrier, ack: pb.Ack) -> None:
         frame = self._frames.pop(ack.acked_message_id, None)
         if ack.frame_reject:
             ids = frame.ids if frame else []
+            if ack.frame_reject == pb.REJECT_REASON_UNKNOWN_DICTIONARY:
+                self.dict_id = 0  # resend without one; the next Pong says what the gateway decodes
             if ack.frame_reject in RESENDABLE_REJECTS:
                 self._resend(ids, "frame_rejected")
             else:
@@ -409,7 +417,38 @@ class Uplink:
         if carrier.epoch and pong.gateway_epoch != carrier.epoch:
             self._gateway_restarted(carrier.epoch)
         carrier.epoch = pong.gateway_epoch
+        self._negotiate_dictionary(carrier, pong)
         self._wake.set()
+
+    def _negotiate_dictionary(self, carrier: Carrier, pong: pb.Pong) -> None:
+        """Use the gateway's preferred dictionary once held; fetch it from the gateway if not."""
+        preferred = pong.preferred_dict_id
+        store = self._codec.dictionaries
+        if preferred and preferred in store:
+            self.dict_id = preferred
+        elif preferred and preferred not in self._dict_requested and len(self._dict_requested) < 16:
+            self._dict_requested.add(preferred)
+            frames = self._codec.encode(
+                pb.DictionaryRequest(dict_id=preferred),
+                agent_id=self._config.name,
+                region=self._config.region,
+            )
+            _send_or_drop(carrier.sock, frames)
+        if self.dict_id and self.dict_id not in pong.dict_ids:
+            self.dict_id = 0  # the gateway no longer decodes it
+
+    def _on_dictionary(self, response: pb.DictionaryResponse) -> None:
+        if not response.dictionary:
+            return
+        try:
+            held = self._codec.dictionaries.add(response.dictionary, prefer=False)
+        except DictionaryError as exc:
+            log.warning("dictionary from the gateway refused", error=str(exc))
+            return
+        if held != response.dict_id:
+            log.warning("dictionary id mismatch", announced=response.dict_id, inside=held)
+            return
+        log.info("dictionary fetched from the gateway", dict_id=held)
 
     def _gateway_restarted(self, old_epoch: int) -> None:
         """The gateway lost its in-memory work: resend what it had accepted and not answered."""

@@ -195,3 +195,30 @@ port = 0
     assert summary["sent"] == 80
     assert summary["lost"] == 0
     assert sum(summary["answered"].values()) == 80
+
+
+async def test_agent_fetches_and_uses_the_gateways_dictionary(models_dir: Path, tmp_path: Path) -> None:
+    """The gateway prefers a trained dictionary; the agent fetches it after a Pong and compresses with it."""
+    from edgewire import DictionaryStore
+    from edgewire.dictionaries import train
+
+    samples = [
+        pb.RequestBatch(requests=[r.request]).SerializeToString()
+        for r in SyntheticTraffic(30, n_items=5000, n_users=500).take(300)
+        if r.request.kind != pb.REQUEST_KIND_IMAGE
+    ]
+    store = DictionaryStore.from_raw([train(samples, 16 * 1024)])
+    store.save(tmp_path / "dicts", store.preferred)
+    async with run_gateway(models_dir=models_dir, dictionaries=str(tmp_path / "dicts")) as gw:
+        endpoints = {name: gw.endpoint(name) for name in gw.carriers}
+        agent = EdgeAgent(agent_config(endpoints, models_dir, tmp_path / "spool", local={"enabled": False}))
+        await agent.start()
+        try:
+            uplink = agent.uplink
+            assert uplink is not None
+            await wait_for(lambda: uplink.dict_id == store.preferred, timeout_s=5)
+            result = await drive(agent.intake_endpoint, "us-west", 40, rate=200)
+        finally:
+            await agent.aclose()
+    assert result.lost == 0
+    assert result.by_status["OK"] == 40
