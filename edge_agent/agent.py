@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import structlog
 import zmq
 import zmq.asyncio
 import zmq.auth
 
-from edge_agent.config import AgentConfig
+from edge_agent.config import AgentConfig, load_config
 from edge_agent.discovery import CarrierEndpoint, Discovered, GatewayDiscovery, parse_nameserver
 from edge_agent.local import LocalTier
 from edge_agent.ops import AgentHttp
@@ -115,6 +116,17 @@ class EdgeAgent:
             carriers=[c.endpoint for c in cfg.carriers],
             local_tier=self.local is not None,
         )
+
+    def reload(self, path: Path | None) -> bool:
+        """SIGHUP: re-read the config file and apply its routing policy; on any error keep the running one."""
+        try:
+            fresh = load_config(path, overrides={"region": self.config.region})
+            changed = self.policy.apply(fresh.routing)
+        except Exception as exc:  # noqa: BLE001  (any reload failure keeps the running policy)
+            log.error("reload failed; keeping the running config", error=str(exc))
+            return False
+        log.info("reloaded", policy_changed=changed)
+        return True
 
     def _load_keys(self) -> tuple[bytes, bytes, bytes] | None:
         """(agent public, agent secret, gateway public) from the certificate files, for CurveZMQ."""

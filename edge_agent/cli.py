@@ -148,6 +148,7 @@ async def _serve(config: Any, args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         loop.add_signal_handler(signal.SIGINT, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, agent.reload, args.config)
         await stop.wait()
         return 0
     finally:

@@ -43,8 +43,14 @@ class DiscoveryConfig(_Section):
 
     @model_validator(mode="after")
     def _name_for_dns(self) -> Self:
+        from edge_agent.discovery import parse_nameserver
+
         if self.mode != "static" and not self.name:
             raise ValueError(f"mode {self.mode!r} needs a name")
+        if self.min_ttl_s > self.max_ttl_s:
+            raise ValueError("min_ttl_s must not exceed max_ttl_s")
+        for entry in self.nameservers:
+            parse_nameserver(entry)  # raises ValueError naming the bad entry
         return self
 
 

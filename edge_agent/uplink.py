@@ -131,6 +131,10 @@ class Uplink:
         self._answered: OrderedDict[bytes, None] = OrderedDict()  # recently answered ids (bounded)
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        # Records per frame: the config's bound, lowered by the gateway's Pong limits and halved after a
+        # frame_too_large refusal, so an oversized batch is split instead of resent unchanged.
+        self.max_records = config.batching.max_records
+        self.max_frame_bytes = 0  # from the gateway's Pong; 0 = not known yet
         # Dictionary in use: only one the gateway advertised in its last Pong (0 = none yet).
         self.dict_id = 0
         self._dict_requested: set[int] = set()
@@ -252,7 +256,7 @@ class Uplink:
             entry = self.outstanding.get(rid)
             if entry is None:
                 continue
-            if entry.not_before > now or len(batch) >= batching.max_records or size >= batching.max_bytes:
+            if entry.not_before > now or len(batch) >= self.max_records or size >= batching.max_bytes:
                 rest.append(rid)
                 continue
             if entry.request.deadline_unix_us and entry.request.deadline_unix_us <= wall:
@@ -277,6 +281,19 @@ class Uplink:
             attempt=attempt,
             dict_id=self.dict_id,
         )
+        if self.max_frame_bytes and len(frames[1]) > self.max_frame_bytes:
+            # Over the gateway's limit: the gateway (or libzmq, far over it) would refuse it. Split.
+            if len(batch) == 1:
+                self._fail_ids(
+                    [batch[0].request_id],
+                    pb.STATUS_INVALID_ARGUMENT,
+                    "request larger than the gateway's frame limit",
+                )
+            else:
+                self.max_records = max(1, len(batch) // 2)
+                self._queue = [r.request_id for r in batch] + self._queue
+                self._wake.set()
+            return
         if not _send_or_drop(carrier.sock, frames):  # HWM reached or not connected: try again later
             self._queue = [r.request_id for r in batch] + self._queue
             return
@@ -357,18 +374,25 @@ class Uplink:
             ids = frame.ids if frame else []
             if ack.frame_reject == pb.REJECT_REASON_UNKNOWN_DICTIONARY:
                 self.dict_id = 0  # resend without one; the next Pong says what the gateway decodes
-            if ack.frame_reject in RESENDABLE_REJECTS:
+            if (
+                ack.frame_reject in RESENDABLE_REJECTS
+                and ack.frame_reject != pb.REJECT_REASON_UNKNOWN_DICTIONARY
+            ):
+                if len(ids) == 1:  # one request alone is over the gateway's limits: it can never pass
+                    self._fail_ids(
+                        ids,
+                        pb.STATUS_INVALID_ARGUMENT,
+                        f"too large for the gateway: {ack.frame_reject_detail}",
+                    )
+                    return
+                self.max_records = max(1, min(self.max_records, len(ids)) // 2)
+                self._resend(ids, "frame_rejected")
+            elif ack.frame_reject in RESENDABLE_REJECTS:
                 self._resend(ids, "frame_rejected")
             else:
-                for rid in ids:
-                    if self.outstanding.pop(rid, None) is not None:
-                        self._finish(
-                            pb.InferResponse(
-                                request_id=rid,
-                                status=pb.STATUS_INTERNAL,
-                                error_message=f"gateway refused the frame: {ack.frame_reject_detail}",
-                            )
-                        )
+                self._fail_ids(
+                    ids, pb.STATUS_INTERNAL, f"gateway refused the frame: {ack.frame_reject_detail}"
+                )
             return
         accepted = [*ack.accepted_ids, *ack.duplicate_ids]
         for rid in accepted:
@@ -395,6 +419,11 @@ class Uplink:
                     )
                 )
 
+    def _fail_ids(self, ids: Iterable[bytes], status: pb.Status.ValueType, message: str) -> None:
+        for rid in ids:
+            if self.outstanding.pop(rid, None) is not None:
+                self._finish(pb.InferResponse(request_id=rid, status=status, error_message=message))
+
     def _on_gateway_response(self, response: pb.InferResponse) -> None:
         entry = self.outstanding.get(response.request_id)
         if entry is None:
@@ -417,6 +446,9 @@ class Uplink:
         if carrier.epoch and pong.gateway_epoch != carrier.epoch:
             self._gateway_restarted(carrier.epoch)
         carrier.epoch = pong.gateway_epoch
+        if pong.limits.max_records:
+            self.max_records = min(self.max_records, pong.limits.max_records)
+        self.max_frame_bytes = pong.limits.max_frame_bytes
         self._negotiate_dictionary(carrier, pong)
         self._wake.set()
 

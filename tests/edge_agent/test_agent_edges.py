@@ -222,3 +222,80 @@ async def test_agent_fetches_and_uses_the_gateways_dictionary(models_dir: Path, 
             await agent.aclose()
     assert result.lost == 0
     assert result.by_status["OK"] == 40
+
+
+async def test_oversized_frames_are_split_not_resent_unchanged(models_dir: Path, tmp_path: Path) -> None:
+    """With a small gateway frame limit (from Pong) the agent splits its batches instead of sending them."""
+    limits = {"max_frame_bytes": 32768, "max_decompressed_bytes": 65536}
+    async with run_gateway(models_dir=models_dir, limits=limits) as gw:
+        endpoints = {name: gw.endpoint(name) for name in gw.carriers}
+        agent = EdgeAgent(
+            agent_config(
+                endpoints,
+                models_dir,
+                tmp_path / "spool",
+                local={"enabled": False},
+                batching={"max_records": 100, "linger_ms": 20},
+            )
+        )
+        await agent.start()
+        try:
+            uplink = agent.uplink
+            assert uplink is not None
+            await wait_for(lambda: uplink.best() is not None)
+            requests = [
+                r.request
+                for r in SyntheticTraffic(9, regions=("us-west",)).take(400)
+                if r.request.kind == pb.REQUEST_KIND_RANKING
+            ][:100]
+            for r in requests:
+                r.request_id = b""
+                r.priority = pb.PRIORITY_CLASS_BATCH
+            async with EdgeClient(agent.intake_endpoint) as client:
+                responses = await client.infer_many(requests, deadline_s=20)
+        finally:
+            await agent.aclose()
+    assert uplink.max_records < 100
+    assert {r.status for r in responses} <= {pb.STATUS_OK, pb.STATUS_INVALID_ARGUMENT}
+    assert sum(r.status == pb.STATUS_OK for r in responses) >= 90
+
+
+def test_bad_discovery_settings_are_config_errors() -> None:
+    """A malformed name server or inverted TTL bounds fail validation naming the key."""
+    import pytest
+
+    from edge_agent.config import AgentConfigError, load_config
+
+    with pytest.raises(AgentConfigError, match="discovery"):
+        load_config(
+            environ={},
+            overrides={
+                "region": "us-west",
+                "discovery": {"mode": "srv", "name": "_x._tcp.example.", "nameservers": ["not an address"]},
+            },
+        )
+    with pytest.raises(AgentConfigError, match="discovery"):
+        load_config(
+            environ={}, overrides={"region": "us-west", "discovery": {"min_ttl_s": 10, "max_ttl_s": 1}}
+        )
+
+
+async def test_reload_applies_routing_and_keeps_it_on_a_bad_file(models_dir: Path, tmp_path: Path) -> None:
+    """SIGHUP's reload applies a new routing policy; an invalid file keeps the running one."""
+    agent = EdgeAgent(agent_config(NOWHERE, models_dir, tmp_path / "spool"))
+    await agent.start()
+    try:
+        good = tmp_path / "agent.toml"
+        good.write_text(
+            'region = "us-west"\n[routing.thresholds]\nedge_server = 0.1\ncloud = 0.5\n'
+            '[routing.models.rank-mlp]\nkind = "ranking"\n[[routing.pools]]\nname = "cpu"\n'
+            'tier = "edge_server"\nmodels = ["rank-mlp"]\n'
+        )
+        assert agent.reload(good)
+        assert agent.policy.policy.config.thresholds.edge_server == 0.1
+        bad = tmp_path / "bad.toml"
+        bad.write_text("not [toml")
+        assert not agent.reload(bad)
+        assert agent.policy.policy.config.thresholds.edge_server == 0.1
+    finally:
+        await agent.aclose()
