@@ -117,6 +117,24 @@ class EdgeAgent:
             local_tier=self.local is not None,
         )
 
+    async def drain(self, timeout_s: float) -> int:
+        """SIGTERM: take no new requests; wait (bounded) for answers to what is in flight. Returns the
+        number still unanswered; spooled ones are resent by the next start."""
+        if self._intake is not None:
+            self._intake.setsockopt(zmq.RCVHWM, 1)
+        for task in self._tasks:
+            if task.get_name() == "intake":
+                task.cancel()
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while asyncio.get_running_loop().time() < deadline:
+            busy = (self.uplink.inflight if self.uplink else 0) + sum(
+                len(q) for q in self._local_queue.values()
+            )
+            if not busy and all(t.done() for t in self._tasks if t.get_name() != "discovery"):
+                return 0
+            await asyncio.sleep(0.05)  # bounded poll of in-flight work
+        return self.uplink.inflight if self.uplink else 0
+
     def reload(self, path: Path | None) -> bool:
         """SIGHUP: re-read the config file and apply its routing policy; on any error keep the running one."""
         try:
@@ -249,7 +267,8 @@ class EdgeAgent:
                 continue
             if priority is Priority.REALTIME and remaining is not None:
                 # The round trip to Hong Kong plus the estimated service time must fit the deadline.
-                needed = (rtt if rtt is not None else float("inf")) + (decision.est_latency_s or 0.0)
+                service = policy.estimator.service_time(profile, decision.score, decision.size_bucket)
+                needed = (rtt if rtt is not None else float("inf")) + service
                 if needed > remaining:
                     if can_local:
                         local[(request.model_name, request.model_version)].append(request)

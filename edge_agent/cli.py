@@ -150,6 +150,12 @@ async def _serve(config: Any, args: argparse.Namespace) -> int:
         loop.add_signal_handler(signal.SIGINT, stop.set)
         loop.add_signal_handler(signal.SIGHUP, agent.reload, args.config)
         await stop.wait()
+        left = await agent.drain(timeout_s=10.0)
+        if left:
+            print(
+                f"edge-agent: stopped with {left} requests unanswered (spooled ones resend on start)",
+                file=sys.stderr,
+            )
         return 0
     finally:
         await agent.aclose()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -157,7 +158,9 @@ class Uplink:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, up.sndhwm)
         sock.setsockopt(zmq.RCVHWM, up.sndhwm)
-        sock.setsockopt(zmq.RECONNECT_IVL, up.reconnect_ivl_ms)
+        # libzmq doubles the interval up to the cap but does not randomise it when a cap is set: spread each
+        # socket's base interval so that a region's agents do not reconnect in lockstep after an outage.
+        sock.setsockopt(zmq.RECONNECT_IVL, max(1, int(up.reconnect_ivl_ms * random.uniform(0.5, 1.5))))
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, up.reconnect_ivl_max_ms)
         sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(up.dead_after_s * 1000))

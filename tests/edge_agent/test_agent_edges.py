@@ -299,3 +299,27 @@ async def test_reload_applies_routing_and_keeps_it_on_a_bad_file(models_dir: Pat
         assert agent.policy.policy.config.thresholds.edge_server == 0.1
     finally:
         await agent.aclose()
+
+
+async def test_drain_waits_for_answers_in_flight(models_dir: Path, tmp_path: Path) -> None:
+    """On stop the agent takes no new work and returns once everything in flight is answered."""
+    async with run_gateway(models_dir=models_dir) as gw:
+        endpoints = {name: gw.endpoint(name) for name in gw.carriers}
+        agent = EdgeAgent(agent_config(endpoints, models_dir, tmp_path / "spool", local={"enabled": False}))
+        await agent.start()
+        try:
+            uplink = agent.uplink
+            assert uplink is not None
+            await wait_for(lambda: uplink.best() is not None)
+            async with EdgeClient(agent.intake_endpoint) as client:
+                requests = heavy_realtime(10)
+                pending = asyncio.create_task(
+                    client.infer_many(requests, deadline_s=10, priority=pb.PRIORITY_CLASS_BATCH)
+                )
+                await wait_for(lambda: uplink.stats.sent_requests >= 10)
+                left = await agent.drain(timeout_s=10)
+                responses = await pending
+        finally:
+            await agent.aclose()
+    assert left == 0
+    assert {r.status for r in responses} == {pb.STATUS_OK}
