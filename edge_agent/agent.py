@@ -239,7 +239,10 @@ class EdgeAgent:
                 log.warning("bad frame from a local service", reason=exc.label)
                 continue
             if isinstance(batch, pb.RequestBatch):
-                await self._take(caller, list(batch.requests))
+                try:
+                    await self._take(caller, list(batch.requests))
+                except Exception:  # one bad batch must not stop the intake for every local service
+                    log.exception("taking a batch from a local service failed")
 
     async def _take(self, caller: bytes, requests: list[pb.InferRequest]) -> None:  # noqa: PLR0912, PLR0915  (one decision table)
         assert self.uplink is not None
@@ -281,11 +284,17 @@ class EdgeAgent:
                 self._refuse(ack, request, "agent in-flight window full")
                 continue
             if priority.value in cfg.spool.classes:
-                result = self.spool.append(
-                    request.request_id,
-                    request.SerializeToString(),
-                    request.deadline_unix_us / 1e6 if request.deadline_unix_us else 0.0,
-                )
+                try:
+                    result = str(
+                        self.spool.append(
+                            request.request_id,
+                            request.SerializeToString(),
+                            request.deadline_unix_us / 1e6 if request.deadline_unix_us else 0.0,
+                        )
+                    )
+                except OSError as exc:  # a full or failing disk: refuse (retryable), keep serving
+                    log.error("spool write failed", error=str(exc))
+                    result = "write_failed"
                 if result != "stored":
                     self._refuse(ack, request, f"spool full ({result})")
                     continue

@@ -360,16 +360,21 @@ class Uplink:
             except FrameError as exc:
                 log.warning("bad frame from gateway", carrier=carrier.name, reason=exc.label)
                 continue
-            payload = decoded.payload
-            if isinstance(payload, pb.Ack):
-                self._on_ack(carrier, payload)
-            elif isinstance(payload, pb.ResponseBatch):
-                for response in payload.responses:
-                    self._on_gateway_response(response)
-            elif isinstance(payload, pb.Pong):
-                self._on_pong(carrier, payload)
-            elif isinstance(payload, pb.DictionaryResponse):
-                self._on_dictionary(payload)
+            try:
+                self._dispatch(carrier, decoded.payload)
+            except Exception:  # a failing callback (e.g. the spool's disk) must not end this carrier's loop
+                log.exception("handling a frame from the gateway failed", carrier=carrier.name)
+
+    def _dispatch(self, carrier: Carrier, payload: object) -> None:
+        if isinstance(payload, pb.Ack):
+            self._on_ack(carrier, payload)
+        elif isinstance(payload, pb.ResponseBatch):
+            for response in payload.responses:
+                self._on_gateway_response(response)
+        elif isinstance(payload, pb.Pong):
+            self._on_pong(carrier, payload)
+        elif isinstance(payload, pb.DictionaryResponse):
+            self._on_dictionary(payload)
 
     def _on_ack(self, carrier: Carrier, ack: pb.Ack) -> None:
         frame = self._frames.pop(ack.acked_message_id, None)
