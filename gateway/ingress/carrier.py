@@ -177,7 +177,11 @@ class CarrierIngress:
     def _deliver(self, frames: list[zmq.Frame]) -> None:
         self.last_recv = time.monotonic()
         self.messages += 1
-        self._on_message(self, frames)
+        try:
+            self._on_message(self, frames)
+        except Exception:  # a bug in handling one frame must not take the whole carrier down
+            self._metrics.ingest_errors.labels(self.name).inc()
+            log.exception("handling a frame failed", carrier=self.name)
 
     def send(self, routing_id: bytes, frames: list[bytes]) -> str:
         """Send one message to a peer without blocking; the result says what happened."""

@@ -163,6 +163,12 @@ class GatewayMetrics:
             ["model", "reason"],
             registry=r,
         )
+        self.ingest_errors = Counter(
+            f"{NS}_ingest_errors",
+            "Frames whose handling raised (a bug; the carrier keeps going)",
+            ["carrier"],
+            registry=r,
+        )
         self.cpu_worker_restarts = Counter(
             f"{NS}_cpu_worker_restarts", "CPU stage pools replaced after a worker died", registry=r
         )
