@@ -103,6 +103,7 @@ class EdgeAgent:
             self._intake.setsockopt(zmq.LINGER, 0)
             self._intake.bind(cfg.intake)
             self._tasks.append(asyncio.create_task(self._receive(), name="intake"))
+            self._tasks.append(asyncio.create_task(self._housekeeping(), name="housekeeping"))
             self.http = AgentHttp(self)
             await self.http.start(cfg.http.host, cfg.http.port)
         except BaseException:
@@ -116,6 +117,16 @@ class EdgeAgent:
             carriers=[c.endpoint for c in cfg.carriers],
             local_tier=self.local is not None,
         )
+
+    async def _housekeeping(self) -> None:
+        """Once a second: expired requests leave the spool (bounding its memory and disk)."""
+        while True:
+            await asyncio.sleep(1.0)
+            if self.spool is not None:
+                try:
+                    self.spool.purge_expired()
+                except OSError:
+                    log.exception("spool purge failed")
 
     async def drain(self, timeout_s: float) -> int:
         """SIGTERM: take no new requests; wait (bounded) for answers to what is in flight. Returns the
@@ -209,6 +220,9 @@ class EdgeAgent:
             return
         self._closed = True
         self._stop.set()
+        for timer in self._local_timers.values():
+            timer.cancel()
+        self._local_timers.clear()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -258,6 +272,20 @@ class EdgeAgent:
             self.stats.received += 1
             if not is_valid_id(request.request_id):
                 request.request_id = new_id()
+            elif request.request_id in self._callers or (
+                self.uplink and self.uplink.knows(request.request_id)
+            ):
+                ack.nacks.append(
+                    pb.Nack(
+                        request_id=request.request_id,
+                        reason=pb.NACK_REASON_INVALID_REQUEST,
+                        detail="request id already used: every request needs a new id",
+                    )
+                )
+                continue
+            if not request.deadline_unix_us:
+                # Nothing waits forever: a request without a deadline gets the configured default.
+                request.deadline_unix_us = wall + int(cfg.default_deadline_s * 1e6)
             priority = wire_priority(request.priority)
             remaining = (request.deadline_unix_us - wall) / 1e6 if request.deadline_unix_us else None
             profile = profile_of(request, priority, remaining, cfg.region)
@@ -280,7 +308,7 @@ class EdgeAgent:
                             caller, request, "realtime deadline shorter than the round trip to HK"
                         )
                     continue
-            if not self.uplink.has_room():
+            if not self.uplink.has_room(len(remote) + 1):
                 self._refuse(ack, request, "agent in-flight window full")
                 continue
             if priority.value in cfg.spool.classes:
@@ -335,7 +363,19 @@ class EdgeAgent:
                 self._fail_fast(caller, request, "deadline passed before the local model was free")
         if not live:
             return
-        responses = await self.local.serve([r for _, r in live])
+        try:
+            responses = await self.local.serve([r for _, r in live])
+        except Exception:  # answer every caller; a local-tier bug must not leave them waiting
+            log.exception("local tier failed")
+            responses = [
+                pb.InferResponse(
+                    request_id=r.request_id,
+                    status=pb.STATUS_INTERNAL,
+                    error_message="local tier failed",
+                    model_name=r.model_name,
+                )
+                for _, r in live
+            ]
         self.stats.local += len(responses)
         by_caller: defaultdict[bytes, list[pb.InferResponse]] = defaultdict(list)
         for (caller, _), response in zip(live, responses, strict=True):

@@ -24,6 +24,14 @@ import zmq.asyncio
 from edgewire import FrameCodec, FrameError, new_id, now_unix_us, pb
 
 T = TypeVar("T")
+MAX_REMEMBERED = 100_000
+NACK_STATUS = {
+    pb.NACK_REASON_OVERLOADED: pb.STATUS_OVERLOADED,
+    pb.NACK_REASON_DRAINING: pb.STATUS_OVERLOADED,
+    pb.NACK_REASON_DEADLINE_EXPIRED: pb.STATUS_DEADLINE_EXCEEDED,
+    pb.NACK_REASON_UNKNOWN_MODEL: pb.STATUS_MODEL_NOT_FOUND,
+}
+DEFAULT_TIMEOUT_S = 60.0  # a call without any deadline still ends
 
 
 class EdgeClient:
@@ -40,9 +48,8 @@ class EdgeClient:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._codec = FrameCodec()
         self._waiting: dict[bytes, asyncio.Future[pb.InferResponse]] = {}
-        self.accepted: set[bytes] = (
-            set()
-        )  # ids the agent acknowledged (spooled or in flight): its responsibility
+        # Ids the agent acknowledged (spooled or in flight), most recent last; bounded.
+        self.accepted: dict[bytes, None] = {}
         self._reader: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> EdgeClient:
@@ -98,10 +105,13 @@ class EdgeClient:
         budget = max((r.deadline_unix_us for r in requests), default=0)
         # The agent answers every request by its deadline; the grace covers a busy host, not a lost answer.
         timeout = max(0.05, (budget - now_unix_us()) / 1e6 + 2.0) if budget else None
-        done, _ = await asyncio.wait(futures, timeout=timeout)
+        try:
+            done, _ = await asyncio.wait(futures, timeout=timeout or DEFAULT_TIMEOUT_S)
+        finally:  # also when the caller cancels us: no entry outlives its call
+            for request in requests:
+                self._waiting.pop(request.request_id, None)
         out = []
         for request, future in zip(requests, futures, strict=True):
-            self._waiting.pop(request.request_id, None)
             if future in done:
                 out.append(future.result())
             else:
@@ -128,16 +138,17 @@ class EdgeClient:
                     if future is not None and not future.done():
                         future.set_result(response)
             elif isinstance(payload, pb.Ack):
-                self.accepted.update(payload.accepted_ids)
+                for rid in payload.accepted_ids:
+                    self.accepted[rid] = None
+                while len(self.accepted) > MAX_REMEMBERED:
+                    del self.accepted[next(iter(self.accepted))]
                 for nack in payload.nacks:
                     future = self._waiting.get(nack.request_id)
                     if future is not None and not future.done():
                         future.set_result(
                             pb.InferResponse(
                                 request_id=nack.request_id,
-                                status=pb.STATUS_OVERLOADED
-                                if nack.reason in (pb.NACK_REASON_OVERLOADED, pb.NACK_REASON_DRAINING)
-                                else pb.STATUS_INVALID_ARGUMENT,
+                                status=NACK_STATUS.get(nack.reason, pb.STATUS_INVALID_ARGUMENT),
                                 error_message=nack.detail,
                                 retry_after_ms=nack.retry_after_ms,
                             )
@@ -167,4 +178,4 @@ class SyncEdgeClient:
         return self._call(self._client.infer(request, **kwargs))
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=DEFAULT_TIMEOUT_S + 5)

@@ -121,6 +121,7 @@ class AgentConfig(_Section):
     local: LocalTierConfig = LocalTierConfig()
     http: HttpConfig = HttpConfig()
     zstd_level: int = Field(default=3, ge=1, le=22)
+    default_deadline_s: float = Field(default=60.0, gt=0)  # for requests that arrive without one
     dictionaries: Path | None = None
     routing: RoutingConfig
 

@@ -217,6 +217,10 @@ class Uplink:
     def inflight(self) -> int:
         return len(self.outstanding)
 
+    def knows(self, request_id: bytes) -> bool:
+        """True while the id is outstanding or was answered recently (a reused id)."""
+        return request_id in self.outstanding or request_id in self._answered
+
     def has_room(self, n: int = 1) -> bool:
         return len(self.outstanding) + n <= self._up.max_inflight
 
@@ -238,17 +242,26 @@ class Uplink:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            if len(self._queue) < batching.max_records and linger:
+            if len(self._queue) < self.max_records and linger:
                 await asyncio.sleep(linger)  # linger: let the batch fill for at most linger_ms
             carrier = self.best()
-            if carrier is None:
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=self._up.ping_interval_s)
+            wait_s: float | None = self._up.ping_interval_s
+            if carrier is not None:
+                try:
+                    wait_s = self._send_some(carrier)
+                except Exception:  # never let one bad batch end the sender
+                    log.exception("sending a batch failed")
+            if wait_s is None:
+                await asyncio.sleep(0)  # sent something: yield, then go on with the queue
                 continue
-            self._send_some(carrier)
+            # Nothing could go out (no live carrier, a full send buffer, or everything waiting out a
+            # retry-after): wait for news or for the earliest retry, never spin.
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=max(0.001, wait_s))
 
-    def _send_some(self, carrier: Carrier) -> None:
+    def _send_some(self, carrier: Carrier) -> float | None:
+        """Send one frame; None when it went out, else how long to wait before trying again."""
         batching = self._config.batching
         now = self._clock()
         wall = now_unix_us()
@@ -269,7 +282,8 @@ class Uplink:
             size += entry.request.ByteSize()
         self._queue = rest
         if not batch:
-            return
+            waits = [self.outstanding[r].not_before - now for r in rest if r in self.outstanding]
+            return min(waits, default=self._up.ping_interval_s)
         message_id = new_id()
         attempt = max(self.outstanding[r.request_id].attempts for r in batch)
         deadline = min((r.deadline_unix_us for r in batch if r.deadline_unix_us), default=0)
@@ -295,19 +309,17 @@ class Uplink:
             else:
                 self.max_records = max(1, len(batch) // 2)
                 self._queue = [r.request_id for r in batch] + self._queue
-                self._wake.set()
-            return
+            return None
         if not _send_or_drop(carrier.sock, frames):  # HWM reached or not connected: try again later
             self._queue = [r.request_id for r in batch] + self._queue
-            return
+            return min(0.05, self._up.ping_interval_s)
         ids = [r.request_id for r in batch]
         for rid in ids:
             self.outstanding[rid].frame = message_id
         self._frames[message_id] = _Frame(carrier.name, ids, now)
         self.stats.sent_frames += 1
         self.stats.sent_requests += len(ids)
-        if self._queue:
-            self._wake.set()
+        return None
 
     def _resend(self, ids: Iterable[bytes], reason: str, not_before: float = 0.0) -> None:
         count = 0
@@ -415,7 +427,7 @@ class Uplink:
             if nack.reason in RETRYABLE_NACKS:
                 self._resend(
                     [nack.request_id],
-                    "nack_" + pb.NackReason.Name(nack.reason).lower(),
+                    "nack_overloaded" if nack.reason == pb.NACK_REASON_OVERLOADED else "nack_draining",
                     not_before=now + nack.retry_after_ms / 1000,
                 )
             elif self.outstanding.pop(nack.request_id, None) is not None:
@@ -454,8 +466,8 @@ class Uplink:
         if carrier.epoch and pong.gateway_epoch != carrier.epoch:
             self._gateway_restarted(carrier.epoch)
         carrier.epoch = pong.gateway_epoch
-        if pong.limits.max_records:
-            self.max_records = min(self.max_records, pong.limits.max_records)
+        # Each Pong resets the records bound (a split after an oversized frame is temporary).
+        self.max_records = min(self._config.batching.max_records, pong.limits.max_records or 1 << 30)
         self.max_frame_bytes = pong.limits.max_frame_bytes
         self._negotiate_dictionary(carrier, pong)
         self._wake.set()
@@ -518,21 +530,27 @@ class Uplink:
         """Resend frames whose Ack is overdue or whose carrier died; expire outstanding past deadline."""
         while True:
             await asyncio.sleep(min(0.1, self._up.ping_interval_s))
-            now = self._clock()
-            for name, carrier in self.carriers.items():
-                if carrier.last_pong and not carrier.alive(now, self._up.dead_after_s):
-                    self._resend_frames_of(name, "carrier_down")
-            for message_id, frame in list(self._frames.items()):
-                if now - frame.sent_at > self._up.ack_timeout_s:
-                    del self._frames[message_id]
-                    self._resend(
-                        [r for r in frame.ids if r in self.outstanding and not self.outstanding[r].accepted],
-                        "ack_timeout",
-                    )
-            wall = now_unix_us()
-            for rid in [
-                r
-                for r, e in self.outstanding.items()
-                if e.request.deadline_unix_us and e.request.deadline_unix_us <= wall
-            ]:
-                self._expire(rid)
+            try:
+                self._check_timers()
+            except Exception:  # never let a callback error end the watchdog
+                log.exception("uplink watchdog failed")
+
+    def _check_timers(self) -> None:
+        now = self._clock()
+        for name, carrier in self.carriers.items():
+            if carrier.last_pong and not carrier.alive(now, self._up.dead_after_s):
+                self._resend_frames_of(name, "carrier_down")
+        for message_id, frame in list(self._frames.items()):
+            if now - frame.sent_at > self._up.ack_timeout_s:
+                del self._frames[message_id]
+                self._resend(
+                    [r for r in frame.ids if r in self.outstanding and not self.outstanding[r].accepted],
+                    "ack_timeout",
+                )
+        wall = now_unix_us()
+        for rid in [
+            r
+            for r, e in self.outstanding.items()
+            if e.request.deadline_unix_us and e.request.deadline_unix_us <= wall
+        ]:
+            self._expire(rid)

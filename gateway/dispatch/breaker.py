@@ -27,6 +27,15 @@ class CircuitBreaker:
         if self._state is BreakerState.OPEN and now - self._opened_at >= self.open_s:
             self._state = BreakerState.HALF_OPEN
             self._trials = 0
+            self._opened_at = now
+        elif (
+            self._state is BreakerState.HALF_OPEN
+            and self._trials >= self.half_open_calls
+            and now - self._opened_at >= self.open_s
+        ):
+            # The trial calls gave no verdict (shed, cancelled, refused inputs): allow new trials.
+            self._trials = 0
+            self._opened_at = now
         return self._state
 
     def allow(self, now: float) -> bool:

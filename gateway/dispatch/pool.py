@@ -220,7 +220,7 @@ class PoolDispatcher:
             self._depth -= len(items)
             self._metrics.child(self._metrics.queue_depth, self.name).set(self._depth)
             if not queue:
-                del self._queues[key]
+                self._queues.pop(key, None)
             live = self._expire(items, time.monotonic())
             if not live:
                 self._slots.release()
@@ -259,6 +259,10 @@ class PoolDispatcher:
             for item in items:
                 self._answer_status(item, "UNAVAILABLE", "gateway stopping: resend")
             raise
+        except Exception:  # a bug in a pipeline or a backend adapter: answer, never leave requests hanging
+            log.exception("batch failed", pool=self.name)
+            for item in items:
+                self._answer_status(item, "INTERNAL", "internal error while serving the batch")
 
     async def _serve_batch(self, items: list[WorkItem]) -> None:
         now = time.monotonic()

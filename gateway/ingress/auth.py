@@ -109,6 +109,7 @@ class AgentAuthenticator(AsyncioAuthenticator):
     ) -> None:
         super().__init__(context)
         self._agents = agents
+        self._by_id = {identity.agent_id: identity for identity in agents.values()}
         self._metrics = metrics
         # pyzmq looks providers up by the socket's ZAP domain (each carrier sets its own name).
         for domain in ["*", *domains]:
@@ -121,6 +122,7 @@ class AgentAuthenticator(AsyncioAuthenticator):
     def replace(self, agents: dict[bytes, AgentIdentity]) -> None:
         """Swap the directory (SIGHUP); connections already admitted stay."""
         self._agents = agents
+        self._by_id = {identity.agent_id: identity for identity in agents.values()}
 
     def callback(self, domain: str, key: bytes) -> bool:
         if key in self._agents:
@@ -133,10 +135,7 @@ class AgentAuthenticator(AsyncioAuthenticator):
         return identity.agent_id if identity else ""
 
     def identity(self, agent_id: str) -> AgentIdentity | None:
-        for identity in self._agents.values():
-            if identity.agent_id == agent_id:
-                return identity
-        return None
+        return self._by_id.get(agent_id)
 
 
 def curve_options(public: bytes, secret: bytes) -> dict[int, Any]:
