@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -134,6 +135,8 @@ class Peer:
                 continue
             if record.get("event") == "gateway ready":
                 self.http_port = int(record["http_port"])
+                # Keep reading its logs, or a full pipe would block the peer's event loop.
+                threading.Thread(target=lambda: [None for _ in stream], daemon=True).start()
                 return str(record["carriers"]["hgc"])
         raise RuntimeError(f"{self.name} not ready")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 from collections import Counter
@@ -146,8 +147,14 @@ async def _serve(config: Any, args: argparse.Namespace) -> int:
             return 0 if result.lost == 0 else 1
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def on_interrupt() -> None:
+            if stop.is_set():  # a second Ctrl-C: skip the drain
+                os._exit(130)
+            stop.set()
+
         loop.add_signal_handler(signal.SIGTERM, stop.set)
-        loop.add_signal_handler(signal.SIGINT, stop.set)
+        loop.add_signal_handler(signal.SIGINT, on_interrupt)
         loop.add_signal_handler(signal.SIGHUP, agent.reload, args.config)
         await stop.wait()
         left = await agent.drain(timeout_s=10.0)

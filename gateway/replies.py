@@ -56,14 +56,7 @@ class ReplyRouter:
 
     def seen(self, agent_id: str, carrier: str, routing_id: bytes, now: float) -> None:
         """An agent spoke on a carrier: remember the route, deliver anything it missed."""
-        routes = self._agents.get(agent_id)
-        if routes is None:
-            routes = self._agents[agent_id] = _AgentRoutes()
-            while len(self._agents) > self._config.pending_agents:
-                _, dropped = self._agents.popitem(last=False)
-                self._drop_pending(dropped, "agent_evicted")
-        else:
-            self._agents.move_to_end(agent_id)
+        routes = self._routes_of(agent_id)
         routes.by_carrier[carrier] = (routing_id, now)
         if routes.pending:
             self._outbox.setdefault(agent_id, []).extend(routes.pending)
@@ -131,10 +124,20 @@ class ReplyRouter:
         if routes is not None and routes.by_carrier.get(carrier, (b"", 0.0))[0] == routing_id:
             del routes.by_carrier[carrier]
 
-    def _park(self, agent_id: str, responses: list[bytes]) -> None:
+    def _routes_of(self, agent_id: str) -> _AgentRoutes:
+        """The agent's entry, most recently used last; the least recently seen agent beyond the bound goes."""
         routes = self._agents.get(agent_id)
         if routes is None:
             routes = self._agents[agent_id] = _AgentRoutes()
+            while len(self._agents) > self._config.pending_agents:
+                _, dropped = self._agents.popitem(last=False)
+                self._drop_pending(dropped, "agent_evicted")
+        else:
+            self._agents.move_to_end(agent_id)
+        return routes
+
+    def _park(self, agent_id: str, responses: list[bytes]) -> None:
+        routes = self._routes_of(agent_id)
         limit = self._config.pending_per_agent
         for response in responses:
             if len(routes.pending) >= limit:

@@ -78,7 +78,6 @@ class CarrierIngress:
         self.last_recv = 0.0
         self.messages = 0
         self.failed: str | None = None  # set when the receive loop died
-        self.enabled = True  # operator can take one carrier out (maintenance)
 
     # ------------------------------------------------------------------ lifecycle
 
