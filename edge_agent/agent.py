@@ -24,7 +24,7 @@ from edge_agent.discovery import CarrierEndpoint, Discovered, GatewayDiscovery, 
 from edge_agent.local import LocalTier
 from edge_agent.ops import AgentHttp
 from edge_agent.spool import Spool
-from edge_agent.uplink import Uplink
+from edge_agent.uplink import Uplink, send_nowait
 from edgewire import DictionaryStore, FrameCodec, FrameError, is_valid_id, new_id, now_unix_us, pb
 from gateway.profile import profile_of, wire_priority
 from routing.holder import PolicyHolder
@@ -66,6 +66,7 @@ class EdgeAgent:
         self._started = False
         self._closed = False
         self._stop = asyncio.Event()
+        self._local_codec = FrameCodec()  # intake frames: loopback, uncompressed
         self._local_queue: dict[tuple[str, str], list[tuple[bytes, pb.InferRequest]]] = {}
         self._local_timers: dict[tuple[str, str], asyncio.TimerHandle] = {}
 
@@ -334,7 +335,7 @@ class EdgeAgent:
                 self.spool.sync()
             self.uplink.submit(remote)
             self.stats.remote += len(remote)
-        await self._reply(caller, pb.RequestBatch(), ack)
+        await self._reply(caller, ack)
         for key, batch in local.items():
             queue = self._local_queue.setdefault(key, [])
             queue.extend((caller, request) for request in batch)
@@ -381,7 +382,7 @@ class EdgeAgent:
         for (caller, _), response in zip(live, responses, strict=True):
             by_caller[caller].append(response)
         for caller, answers in by_caller.items():
-            await self._send_responses(caller, answers)
+            self._send_responses(caller, answers)
 
     def _refuse(self, ack: pb.Ack, request: pb.InferRequest, detail: str) -> None:
         self.stats.refused += 1
@@ -402,25 +403,29 @@ class EdgeAgent:
             error_message=reason,
             model_name=request.model_name,
         )
-        self._tasks.append(asyncio.create_task(self._send_responses(caller, [response])))
+        self._send_responses(caller, [response])
 
-    async def _reply(self, caller: bytes, _: pb.RequestBatch, ack: pb.Ack) -> None:
+    async def _reply(self, caller: bytes, ack: pb.Ack) -> None:
         if self._intake is None:
             return
-        frames = FrameCodec().encode(ack, agent_id=self.config.name, region=self.config.region)
+        frames = self._local_codec.encode(
+            ack, agent_id=self.config.name, region=self.config.region, compress=False
+        )
         await self._intake.send_multipart([caller, *frames])
 
-    async def _send_responses(self, caller: bytes, responses: list[pb.InferResponse]) -> None:
+    def _send_responses(self, caller: bytes, responses: list[pb.InferResponse]) -> None:
+        """Answer a local caller now (non-blocking; loopback frames are not worth compressing)."""
         if self._intake is None or not responses:
             return
         for response in responses:
             self.stats.responses[STATUS_LABELS.get(response.status, "other")] += 1
-        frames = FrameCodec().encode(
-            pb.ResponseBatch(responses=responses), agent_id=self.config.name, region=self.config.region
+        frames = self._local_codec.encode(
+            pb.ResponseBatch(responses=responses),
+            agent_id=self.config.name,
+            region=self.config.region,
+            compress=False,
         )
-        try:
-            await self._intake.send_multipart([caller, *frames], flags=zmq.NOBLOCK)
-        except zmq.ZMQError:
+        if not send_nowait(self._intake, [caller, *frames]):  # the caller has gone (or is not reading)
             self.stats.orphan_responses += len(responses)
 
     # ------------------------------------------------------------------ uplink callbacks
@@ -436,4 +441,4 @@ class EdgeAgent:
         if caller is None:
             self.stats.orphan_responses += 1
             return
-        self._tasks.append(asyncio.create_task(self._send_responses(caller, [response])))
+        self._send_responses(caller, [response])

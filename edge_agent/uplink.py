@@ -52,7 +52,7 @@ RESENDABLE_REJECTS = frozenset(
 )
 
 
-def _send_or_drop(sock: zmq.asyncio.Socket, frames: list[bytes]) -> bool:
+def send_nowait(sock: zmq.asyncio.Socket, frames: list[bytes]) -> bool:
     """Non-blocking send; False when ZeroMQ would block (the outcome is on the returned future)."""
     future = cast("asyncio.Future[object]", sock.send_multipart(frames, flags=zmq.NOBLOCK))
     if not future.done():
@@ -138,7 +138,7 @@ class Uplink:
         self.max_frame_bytes = 0  # from the gateway's Pong; 0 = not known yet
         # Dictionary in use: only one the gateway advertised in its last Pong (0 = none yet).
         self.dict_id = 0
-        self._dict_requested: set[int] = set()
+        self._dict_requested: dict[int, float] = {}  # dictionary id -> when it may be asked for again
         self.stats = UplinkStats()
 
     # ------------------------------------------------------------------ carriers
@@ -310,7 +310,7 @@ class Uplink:
                 self.max_records = max(1, len(batch) // 2)
                 self._queue = [r.request_id for r in batch] + self._queue
             return None
-        if not _send_or_drop(carrier.sock, frames):  # HWM reached or not connected: try again later
+        if not send_nowait(carrier.sock, frames):  # HWM reached or not connected: try again later
             self._queue = [r.request_id for r in batch] + self._queue
             return min(0.05, self._up.ping_interval_s)
         ids = [r.request_id for r in batch]
@@ -478,14 +478,17 @@ class Uplink:
         store = self._codec.dictionaries
         if preferred and preferred in store:
             self.dict_id = preferred
-        elif preferred and preferred not in self._dict_requested and len(self._dict_requested) < 16:
-            self._dict_requested.add(preferred)
+        elif preferred and self._clock() >= self._dict_requested.get(preferred, 0.0):
+            # Ask (again after 5 s without an answer: a request or its response may have been lost).
             frames = self._codec.encode(
                 pb.DictionaryRequest(dict_id=preferred),
                 agent_id=self._config.name,
                 region=self._config.region,
             )
-            _send_or_drop(carrier.sock, frames)
+            if send_nowait(carrier.sock, frames):
+                self._dict_requested[preferred] = self._clock() + 5.0
+                while len(self._dict_requested) > 16:
+                    del self._dict_requested[next(iter(self._dict_requested))]
         if self.dict_id and self.dict_id not in pong.dict_ids:
             self.dict_id = 0  # the gateway no longer decodes it
 
@@ -523,7 +526,7 @@ class Uplink:
                     agent_id=self._config.name,
                     region=self._config.region,
                 )
-                _send_or_drop(carrier.sock, frames)  # dropped while the carrier is not connected
+                send_nowait(carrier.sock, frames)  # dropped while the carrier is not connected
             await asyncio.sleep(self._up.ping_interval_s)
 
     async def _watchdog(self) -> None:
