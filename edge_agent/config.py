@@ -7,13 +7,13 @@ own :class:`AgentConfigError`); only the CLI turns them into an exit code.
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from gateway.configfile import ConfigFileError, env_overrides, merge_tables, read_toml, validation_problems
 from routing.config import DEFAULT_ROUTING_SECTION, RoutingConfig, RoutingConfigError, load_routing_config
 from routing.regions import REGIONS
 
@@ -136,30 +136,6 @@ class AgentConfigError(ValueError):
         super().__init__("; ".join(f"{k}: {m}" for k, m in problems))
 
 
-def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in override.items():
-        out[key] = (
-            _merge(out[key], value)
-            if isinstance(value, Mapping) and isinstance(out.get(key), dict)
-            else value
-        )
-    return out
-
-
-def _env(environ: Mapping[str, str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, value in environ.items():
-        if name.startswith(ENV_PREFIX) and name.isupper():
-            path = [p.lower() for p in name.removeprefix(ENV_PREFIX).split("__") if p]
-            node = out
-            for part in path[:-1]:
-                node = node.setdefault(part, {})
-            if path:
-                node[path[-1]] = value
-    return out
-
-
 def load_config(
     path: Path | None = None,
     *,
@@ -170,17 +146,14 @@ def load_config(
     raw: dict[str, Any] = {"routing": DEFAULT_ROUTING_SECTION}
     if path is not None:
         try:
-            with path.open("rb") as fh:
-                from_file = tomllib.load(fh)
-        except OSError as exc:
-            raise AgentConfigError([("(file)", exc.strerror or str(exc))]) from None
-        except tomllib.TOMLDecodeError as exc:
-            raise AgentConfigError([("(toml)", f"not valid TOML: {exc}")]) from None
+            from_file = read_toml(path)
+        except ConfigFileError as exc:
+            raise AgentConfigError([(exc.key, exc.message)]) from None
         if "routing" in from_file:
             raw["routing"] = {}
-        raw = _merge(raw, from_file)
-    raw = _merge(raw, _env(os.environ if environ is None else environ))
-    raw = _merge(raw, overrides or {})
+        raw = merge_tables(raw, from_file)
+    raw = merge_tables(raw, env_overrides(os.environ if environ is None else environ, ENV_PREFIX))
+    raw = merge_tables(raw, overrides or {})
     problems: list[tuple[str, str]] = []
     try:
         routing = load_routing_config(raw.get("routing", {}))
@@ -192,10 +165,7 @@ def load_config(
             {**raw, "routing": routing or load_routing_config(DEFAULT_ROUTING_SECTION)}
         )
     except ValidationError as exc:
-        for err in exc.errors(include_url=False):
-            key = ".".join(str(p) for p in err["loc"]) or "(top level)"
-            cause = err.get("ctx", {}).get("error")
-            problems.append((key, str(cause) if isinstance(cause, ValueError) else err["msg"]))
+        problems.extend((key, message) for key, message, _ in validation_problems(exc))
         raise AgentConfigError(problems) from None
     if problems:
         raise AgentConfigError(problems)

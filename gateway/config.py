@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import re
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, Self
@@ -17,6 +15,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gateway.configfile import ConfigFileError, env_overrides, merge_tables, read_toml, validation_problems
 from routing.config import (
     DEFAULT_ROUTING_SECTION,
     RoutingConfig,
@@ -279,39 +278,6 @@ def default_section() -> dict[str, Any]:
     }
 
 
-def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
-    """Deep-merge tables; lists and scalars in ``override`` replace those in ``base``."""
-    out = dict(base)
-    for key, value in override.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
-    """``HKGW_HTTP__PORT=9200`` -> {"http": {"port": "9200"}} (pydantic coerces the strings)."""
-    out: dict[str, Any] = {}
-    for name, value in environ.items():
-        if not name.startswith(ENV_PREFIX) or not re.fullmatch(r"[A-Z0-9_]+", name):
-            continue
-        path = [p.lower() for p in name.removeprefix(ENV_PREFIX).split("__") if p]
-        node = out
-        for part in path[:-1]:
-            node = node.setdefault(part, {})
-        if path:
-            node[path[-1]] = value
-    return out
-
-
-def _key_path(loc: tuple[int | str, ...]) -> str:
-    path = ""
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-    return path or "(top level)"
-
-
 def validate(raw: Mapping[str, Any]) -> GatewayConfig:
     """Validate a merged mapping; raises ConfigError naming each bad key."""
     problems: list[tuple[str, str]] = []
@@ -326,20 +292,13 @@ def validate(raw: Mapping[str, Any]) -> GatewayConfig:
         # is reported at once; pool cross-references are then not meaningful and are skipped.
         config = GatewayConfig.model_validate({**raw, "routing": routing or default_routing_config()})
     except ValidationError as exc:
-        errors = exc.errors(include_url=False)
-        for err in errors:
-            loc = err["loc"]
-            if err["type"] == "too_short" and any(e["loc"][: len(loc)] == loc != e["loc"] for e in errors):
-                continue  # pydantic also reports a list whose items failed as too short; the items say it
-            if err["loc"][:1] == ("routing",) and routing is None:
+        for key, message, cause in validation_problems(exc):
+            if key.startswith("routing") and routing is None:
                 continue
-            cause = err.get("ctx", {}).get("error")
             if isinstance(cause, _CrossReferenceError):
                 problems.extend(cause.problems if routing is not None else [])
                 continue
-            problems.append(
-                (_key_path(err["loc"]), str(cause) if isinstance(cause, ValueError) else err["msg"])
-            )
+            problems.append((key, message))
         raise ConfigError(problems) from None
     if problems:
         raise ConfigError(problems)
@@ -360,21 +319,18 @@ def load_config(
         raw["security"] = {"mode": "plaintext"}
     else:
         try:
-            with path.open("rb") as fh:
-                from_file = tomllib.load(fh)
-        except OSError as exc:
-            raise ConfigError([("(file)", exc.strerror or str(exc))]) from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError([("(toml)", f"not valid TOML: {exc}")]) from None
+            from_file = read_toml(path)
+        except ConfigFileError as exc:
+            raise ConfigError([(exc.key, exc.message)]) from None
         # A file that names its own carriers, backends or pools replaces the defaults wholesale.
         for key in ("carriers", "backends", "pools"):
             if key in from_file:
                 raw.pop(key)
         if "routing" in from_file:
             raw["routing"] = {}
-        raw = _merge(raw, from_file)
+        raw = merge_tables(raw, from_file)
         raw.setdefault("security", {"mode": "curve"})
-    raw = _merge(raw, _env_overrides(os.environ if environ is None else environ))
+    raw = merge_tables(raw, env_overrides(os.environ if environ is None else environ, ENV_PREFIX))
     if overrides:
-        raw = _merge(raw, overrides)
+        raw = merge_tables(raw, overrides)
     return validate(raw)

@@ -29,6 +29,7 @@ from gateway.backends.base import (
     register,
 )
 from gateway.config import GatewayConfig, load_config
+from gateway.configfile import merge_tables
 from gateway.server import Gateway
 
 
@@ -97,18 +98,7 @@ def loopback_overrides(models_dir: Path, **extra: Any) -> dict[str, Any]:
         "drain_grace_s": 0.0,
         "logging": {"format": "json", "level": "warning"},
     }
-    return _merge(overrides, extra)
-
-
-def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in extra.items():
-        out[key] = (
-            _merge(out[key], value)
-            if isinstance(value, Mapping) and isinstance(out.get(key), dict)
-            else value
-        )
-    return out
+    return merge_tables(overrides, extra)
 
 
 @contextlib.asynccontextmanager
