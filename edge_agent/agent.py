@@ -25,7 +25,7 @@ from edge_agent.local import LocalTier
 from edge_agent.ops import AgentHttp
 from edge_agent.spool import Spool
 from edge_agent.uplink import Uplink, send_nowait
-from edgewire import DictionaryStore, FrameCodec, FrameError, is_valid_id, new_id, now_unix_us, pb
+from edgewire import DictionaryStore, FrameCodec, FrameError, is_valid_id, labels, new_id, now_unix_us, pb
 from gateway.profile import profile_of, wire_priority
 from routing.holder import PolicyHolder
 from routing.types import Priority, Tier
@@ -33,7 +33,6 @@ from routing.types import Priority, Tier
 log = structlog.get_logger("edge_agent")
 LOCAL_MAX_BATCH = 32
 LOCAL_LINGER_S = 0.002
-STATUS_LABELS = {v: pb.Status.Name(v).removeprefix("STATUS_").lower() for v in pb.Status.values()}
 
 
 @dataclass
@@ -418,7 +417,7 @@ class EdgeAgent:
         if self._intake is None or not responses:
             return
         for response in responses:
-            self.stats.responses[STATUS_LABELS.get(response.status, "other")] += 1
+            self.stats.responses[labels.STATUS.get(response.status, "other")] += 1
         frames = self._local_codec.encode(
             pb.ResponseBatch(responses=responses),
             agent_id=self.config.name,

@@ -14,15 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from edge_agent.synthetic import PROFILES, SyntheticTraffic
-from edgewire import pb
+from edgewire import labels
 from routing.regions import REGIONS
 
-KIND_NAMES = {
-    v: pb.RequestKind.Name(v).removeprefix("REQUEST_KIND_").lower() for v in pb.RequestKind.values()
-}
-PRIORITY_NAMES = {
-    v: pb.PriorityClass.Name(v).removeprefix("PRIORITY_CLASS_").lower() for v in pb.PriorityClass.values()
-}
+KIND_NAMES = labels.REQUEST_KIND
+PRIORITY_NAMES = labels.PRIORITY
 
 
 def build_parser() -> argparse.ArgumentParser:

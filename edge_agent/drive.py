@@ -17,10 +17,10 @@ import numpy as np
 
 from edge_agent.client import EdgeClient
 from edge_agent.synthetic import SyntheticTraffic
-from edgewire import pb
+from edgewire import labels, pb
 
-STATUS = {v: pb.Status.Name(v).removeprefix("STATUS_") for v in pb.Status.values()}
-TIER = {v: pb.Tier.Name(v).removeprefix("TIER_").lower() for v in pb.Tier.values()}
+STATUS = {value: label.upper() for value, label in labels.STATUS.items()}
+TIER = labels.TIER
 NO_ANSWER = "no answer from the edge agent in time"
 
 

@@ -15,7 +15,7 @@ import structlog
 import zmq
 from google.protobuf.message import Message
 
-from edgewire import FrameCodec, FrameError, is_valid_id, now_unix_us, pb
+from edgewire import FrameCodec, FrameError, is_valid_id, labels, now_unix_us, pb
 from gateway.config import GatewayConfig
 from gateway.dedupe import DedupeWindow, RequestState, ResponseCache
 from gateway.dispatch.pool import PoolDispatcher
@@ -31,11 +31,9 @@ from routing.types import Decision, PoolSignals, Priority, Reason
 
 log = structlog.get_logger("gateway.ingest")
 
-KIND_LABELS = {
-    v: pb.MessageKind.Name(v).removeprefix("MESSAGE_KIND_").lower() for v in pb.MessageKind.values()
-}
-STATUS_LABELS = {v: pb.Status.Name(v).removeprefix("STATUS_").lower() for v in pb.Status.values()}
-NACK_LABELS = {v: pb.NackReason.Name(v).removeprefix("NACK_REASON_").lower() for v in pb.NackReason.values()}
+KIND_LABELS = labels.MESSAGE_KIND
+STATUS_LABELS = labels.STATUS
+NACK_LABELS = labels.NACK
 TIER_WIRE = {"edge_device": pb.TIER_EDGE_DEVICE, "edge_server": pb.TIER_EDGE_SERVER, "cloud": pb.TIER_CLOUD}
 # How a routing rejection is told to the agent.
 _REJECT_NACKS: dict[Reason, pb.NackReason.ValueType] = {

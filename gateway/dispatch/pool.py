@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from edgewire import pb
+from edgewire import labels, pb
 from gateway.backends.base import Backend, BackendError, BackendHealth, InferCall, ModelSpec
 from gateway.config import PoolDispatch
 from gateway.dispatch.breaker import BreakerState, CircuitBreaker
@@ -34,7 +34,6 @@ log = structlog.get_logger("gateway.dispatch")
 Respond = Callable[[WorkItem, pb.InferResponse, bytes], None]
 Reroute = Callable[[WorkItem, str], bool]  # (item, failed pool) -> True when another pool took it
 Observe = Callable[[WorkItem, float], None]  # (item, service seconds): feeds routing's latency calibration
-STATUS_BY_NAME = {name.removeprefix("STATUS_"): value for name, value in pb.Status.items()}
 
 
 @dataclass(slots=True)
@@ -408,7 +407,7 @@ class PoolDispatcher:
     def _status(self, item: WorkItem, status: str, message: str) -> pb.InferResponse:
         return pb.InferResponse(
             request_id=item.request.request_id,
-            status=STATUS_BY_NAME.get(status, pb.STATUS_INTERNAL),
+            status=labels.STATUS_BY_LABEL.get(status.lower(), pb.STATUS_INTERNAL),
             error_message=message,
             model_name=item.model,
         )
