@@ -197,6 +197,13 @@ class EdgeAgent:
 
         await discovery.watch(changed, self._stop)
 
+    async def __aenter__(self) -> EdgeAgent:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
     @property
     def intake_endpoint(self) -> str:
         if self._intake is None:

@@ -18,14 +18,10 @@ async def test_every_request_answered_with_the_right_tier(models_dir: Path, tmp_
     """Synthetic traffic through the agent: all answered; edge-device requests never reach the gateway."""
     async with run_gateway(models_dir=models_dir) as gw:
         endpoints = {name: gw.endpoint(name) for name in gw.carriers}
-        agent = EdgeAgent(agent_config(endpoints, models_dir, tmp_path / "spool"))
-        await agent.start()
-        try:
+        async with EdgeAgent(agent_config(endpoints, models_dir, tmp_path / "spool")) as agent:
             assert agent.uplink is not None
             await wait_for(lambda: agent.uplink is not None and agent.uplink.best() is not None)
             result = await drive(agent.intake_endpoint, "us-west", 300, rate=300)
-        finally:
-            await agent.aclose()
         at_gateway = sum(
             gw.metrics.registry.get_sample_value(
                 "hkgw_requests_total", {"region": "us-west", "model": m, "priority": p}
@@ -46,17 +42,13 @@ async def test_client_gets_one_answer_per_request(models_dir: Path, tmp_path: Pa
     """EdgeClient.infer_many returns exactly one response per request, matched by id."""
     async with run_gateway(models_dir=models_dir) as gw:
         endpoints = {name: gw.endpoint(name) for name in gw.carriers}
-        agent = EdgeAgent(agent_config(endpoints, models_dir, tmp_path / "spool"))
-        await agent.start()
-        try:
+        async with EdgeAgent(agent_config(endpoints, models_dir, tmp_path / "spool")) as agent:
             await wait_for(lambda: agent.uplink is not None and agent.uplink.best() is not None)
             requests = [r.request for r in SyntheticTraffic(3, regions=("us-west",)).take(20)]
             for r in requests:
                 r.request_id = b""
             async with EdgeClient(agent.intake_endpoint) as client:
                 responses = await client.infer_many(requests, deadline_s=5.0)
-        finally:
-            await agent.aclose()
     assert [r.request_id for r in responses] == [r.request_id for r in requests]
     assert Counter(r.status for r in responses) == Counter({pb.STATUS_OK: 20})
 
@@ -70,16 +62,14 @@ async def test_carrier_failure_moves_traffic_without_loss_or_double_service(
 
     async with run_gateway(models_dir=models_dir) as gw:
         endpoints = {name: gw.endpoint(name) for name in gw.carriers}
-        agent = EdgeAgent(
+        async with EdgeAgent(
             agent_config(
                 endpoints,
                 models_dir,
                 tmp_path / "spool",
                 routing={"thresholds": {"edge_server": 0.0, "cloud": 0.7}},
             )
-        )
-        await agent.start()
-        try:
+        ) as agent:
             uplink = agent.uplink
             assert uplink is not None
             await wait_for(lambda: uplink.best() is not None)
@@ -92,8 +82,6 @@ async def test_carrier_failure_moves_traffic_without_loss_or_double_service(
             await wait_for(lambda: (b := uplink.best()) is not None and b.name != victim.name, timeout_s=3)
             moved_after = time.monotonic() - closed_at
             result = await driving
-        finally:
-            await agent.aclose()
         served = sum(
             gw.metrics.registry.get_sample_value(
                 "hkgw_responses_total", {"status": "ok", "tier": t, "pool": p}
@@ -287,9 +275,7 @@ async def test_agent_follows_dns_srv_including_a_ttl_change(models_dir: Path, tm
                 "min_ttl_s": 0.2,
             },
         )
-        agent = EdgeAgent(config)
-        await agent.start()
-        try:
+        async with EdgeAgent(config) as agent:
             uplink = agent.uplink
             assert uplink is not None
             await wait_for(lambda: set(uplink.carriers) == set(ports), timeout_s=5)
@@ -304,7 +290,5 @@ async def test_agent_follows_dns_srv_including_a_ttl_change(models_dir: Path, tm
             )
             await wait_for(lambda: set(uplink.carriers) == {"pccw", "tgt"}, timeout_s=5)
             result = await drive(agent.intake_endpoint, "us-west", 60, rate=200)
-        finally:
-            await agent.aclose()
     assert result.lost == 0
     assert dns_server.query_count(srv, "SRV") >= 2

@@ -37,31 +37,25 @@ def heavy_realtime(n: int, *, model_kind: int = pb.REQUEST_KIND_RANKING) -> list
 
 async def test_realtime_without_hong_kong_is_served_locally(models_dir: Path, tmp_path: Path) -> None:
     """A realtime request that cannot make the round trip is served by the local model when one exists."""
-    agent = EdgeAgent(agent_config(NOWHERE, models_dir, tmp_path / "spool"))
-    await agent.start()
-    try:
-        async with EdgeClient(agent.intake_endpoint) as client:
-            responses = await client.infer_many(
-                heavy_realtime(5), deadline_s=0.2, priority=pb.PRIORITY_CLASS_REALTIME
-            )
-    finally:
-        await agent.aclose()
+    config = agent_config(NOWHERE, models_dir, tmp_path / "spool")
+    async with EdgeAgent(config) as agent, EdgeClient(agent.intake_endpoint) as client:
+        responses = await client.infer_many(
+            heavy_realtime(5), deadline_s=0.2, priority=pb.PRIORITY_CLASS_REALTIME
+        )
     assert {(r.status, r.tier, r.pool) for r in responses} == {(pb.STATUS_OK, pb.TIER_EDGE_DEVICE, "local")}
 
 
 async def test_realtime_without_hong_kong_or_local_model_fails_fast(models_dir: Path, tmp_path: Path) -> None:
     """Without a local model the same request fails fast with a clear status, long before its deadline."""
-    agent = EdgeAgent(agent_config(NOWHERE, models_dir, tmp_path / "spool", local={"enabled": False}))
-    await agent.start()
-    try:
-        async with EdgeClient(agent.intake_endpoint) as client:
-            started = time.monotonic()
-            responses = await client.infer_many(
-                heavy_realtime(3), deadline_s=2.0, priority=pb.PRIORITY_CLASS_REALTIME
-            )
-            elapsed = time.monotonic() - started
-    finally:
-        await agent.aclose()
+    async with (
+        EdgeAgent(agent_config(NOWHERE, models_dir, tmp_path / "spool", local={"enabled": False})) as agent,
+        EdgeClient(agent.intake_endpoint) as client,
+    ):
+        started = time.monotonic()
+        responses = await client.infer_many(
+            heavy_realtime(3), deadline_s=2.0, priority=pb.PRIORITY_CLASS_REALTIME
+        )
+        elapsed = time.monotonic() - started
     assert {r.status for r in responses} == {pb.STATUS_DEADLINE_EXCEEDED}
     assert all("round trip" in r.error_message for r in responses)
     assert elapsed < 1.0
@@ -71,9 +65,9 @@ async def test_agent_health_and_metrics(models_dir: Path, tmp_path: Path) -> Non
     """/readyz follows Hong Kong reachability; /metrics has carriers, spool, routes and passes promtool."""
     async with run_gateway(models_dir=models_dir) as gw:
         endpoints = {name: gw.endpoint(name) for name in gw.carriers}
-        agent = EdgeAgent(agent_config(endpoints, models_dir, tmp_path / "spool", local={"enabled": False}))
-        await agent.start()
-        try:
+        async with EdgeAgent(
+            agent_config(endpoints, models_dir, tmp_path / "spool", local={"enabled": False})
+        ) as agent:
             assert agent.uplink is not None and agent.http is not None
             uplink = agent.uplink
             await wait_for(lambda: uplink.best() is not None)
@@ -84,8 +78,6 @@ async def test_agent_health_and_metrics(models_dir: Path, tmp_path: Path) -> Non
                     ready = resp.status
                 async with session.get(f"{base}/metrics") as resp:
                     body = await resp.text()
-        finally:
-            await agent.aclose()
     assert ready == 200
     for name in (
         "edge_carrier_rtt_seconds",
@@ -141,15 +133,11 @@ async def test_agent_speaks_curve_to_a_curve_gateway(models_dir: Path, tmp_path:
                 "gateway_public_key": str(server_public),
             },
         )
-        agent = EdgeAgent(config)
-        await agent.start()
-        try:
+        async with EdgeAgent(config) as agent:
             assert agent.uplink is not None
             uplink = agent.uplink
             await wait_for(lambda: uplink.best() is not None)
             result = await drive(agent.intake_endpoint, "us-west", 30, rate=200)
-        finally:
-            await agent.aclose()
     assert result.lost == 0
     assert result.by_status["OK"] == 30
 
@@ -211,15 +199,13 @@ async def test_agent_fetches_and_uses_the_gateways_dictionary(models_dir: Path, 
     store.save(tmp_path / "dicts", store.preferred)
     async with run_gateway(models_dir=models_dir, dictionaries=str(tmp_path / "dicts")) as gw:
         endpoints = {name: gw.endpoint(name) for name in gw.carriers}
-        agent = EdgeAgent(agent_config(endpoints, models_dir, tmp_path / "spool", local={"enabled": False}))
-        await agent.start()
-        try:
+        async with EdgeAgent(
+            agent_config(endpoints, models_dir, tmp_path / "spool", local={"enabled": False})
+        ) as agent:
             uplink = agent.uplink
             assert uplink is not None
             await wait_for(lambda: uplink.dict_id == store.preferred, timeout_s=5)
             result = await drive(agent.intake_endpoint, "us-west", 40, rate=200)
-        finally:
-            await agent.aclose()
     assert result.lost == 0
     assert result.by_status["OK"] == 40
 
@@ -229,7 +215,7 @@ async def test_oversized_frames_are_split_not_resent_unchanged(models_dir: Path,
     limits = {"max_frame_bytes": 32768, "max_decompressed_bytes": 65536}
     async with run_gateway(models_dir=models_dir, limits=limits) as gw:
         endpoints = {name: gw.endpoint(name) for name in gw.carriers}
-        agent = EdgeAgent(
+        async with EdgeAgent(
             agent_config(
                 endpoints,
                 models_dir,
@@ -237,9 +223,7 @@ async def test_oversized_frames_are_split_not_resent_unchanged(models_dir: Path,
                 local={"enabled": False},
                 batching={"max_records": 100, "linger_ms": 20},
             )
-        )
-        await agent.start()
-        try:
+        ) as agent:
             uplink = agent.uplink
             assert uplink is not None
             await wait_for(lambda: uplink.best() is not None)
@@ -253,8 +237,6 @@ async def test_oversized_frames_are_split_not_resent_unchanged(models_dir: Path,
                 r.priority = pb.PRIORITY_CLASS_BATCH
             async with EdgeClient(agent.intake_endpoint) as client:
                 responses = await client.infer_many(requests, deadline_s=20)
-        finally:
-            await agent.aclose()
     assert uplink.stats.sent_frames >= 2  # 100 requests over the 32 KiB frame limit went out split
     assert {r.status for r in responses} <= {pb.STATUS_OK, pb.STATUS_INVALID_ARGUMENT}
     assert sum(r.status == pb.STATUS_OK for r in responses) >= 90
@@ -282,9 +264,7 @@ def test_bad_discovery_settings_are_config_errors() -> None:
 
 async def test_reload_applies_routing_and_keeps_it_on_a_bad_file(models_dir: Path, tmp_path: Path) -> None:
     """SIGHUP's reload applies a new routing policy; an invalid file keeps the running one."""
-    agent = EdgeAgent(agent_config(NOWHERE, models_dir, tmp_path / "spool"))
-    await agent.start()
-    try:
+    async with EdgeAgent(agent_config(NOWHERE, models_dir, tmp_path / "spool")) as agent:
         good = tmp_path / "agent.toml"
         good.write_text(
             'region = "us-west"\n[routing.thresholds]\nedge_server = 0.1\ncloud = 0.5\n'
@@ -297,17 +277,15 @@ async def test_reload_applies_routing_and_keeps_it_on_a_bad_file(models_dir: Pat
         bad.write_text("not [toml")
         assert not agent.reload(bad)
         assert agent.policy.policy.config.thresholds.edge_server == 0.1
-    finally:
-        await agent.aclose()
 
 
 async def test_drain_waits_for_answers_in_flight(models_dir: Path, tmp_path: Path) -> None:
     """On stop the agent takes no new work and returns once everything in flight is answered."""
     async with run_gateway(models_dir=models_dir) as gw:
         endpoints = {name: gw.endpoint(name) for name in gw.carriers}
-        agent = EdgeAgent(agent_config(endpoints, models_dir, tmp_path / "spool", local={"enabled": False}))
-        await agent.start()
-        try:
+        async with EdgeAgent(
+            agent_config(endpoints, models_dir, tmp_path / "spool", local={"enabled": False})
+        ) as agent:
             uplink = agent.uplink
             assert uplink is not None
             await wait_for(lambda: uplink.best() is not None)
@@ -319,17 +297,15 @@ async def test_drain_waits_for_answers_in_flight(models_dir: Path, tmp_path: Pat
                 await wait_for(lambda: uplink.stats.sent_requests >= 10)
                 left = await agent.drain(timeout_s=10)
                 responses = await pending
-        finally:
-            await agent.aclose()
     assert left == 0
     assert {r.status for r in responses} == {pb.STATUS_OK}
 
 
 async def test_reused_request_id_is_refused_not_dropped(models_dir: Path, tmp_path: Path) -> None:
     """A second request with an id still in flight is nacked with a reason, never silently ignored."""
-    agent = EdgeAgent(agent_config(NOWHERE, models_dir, tmp_path / "spool", local={"enabled": False}))
-    await agent.start()
-    try:
+    async with EdgeAgent(
+        agent_config(NOWHERE, models_dir, tmp_path / "spool", local={"enabled": False})
+    ) as agent:
         (request,) = heavy_realtime(1)
         request.priority = pb.PRIORITY_CLASS_BATCH
         async with EdgeClient(agent.intake_endpoint) as client:
@@ -342,7 +318,5 @@ async def test_reused_request_id_is_refused_not_dropped(models_dir: Path, tmp_pa
             async with EdgeClient(agent.intake_endpoint) as other:
                 second = await other.infer(again, deadline_s=0.5)
             await first
-    finally:
-        await agent.aclose()
     assert second.status == pb.STATUS_INVALID_ARGUMENT
     assert "already used" in second.error_message
