@@ -39,3 +39,6 @@ if [[ ! -f $stamp ]]; then
     rm -f .venv/.installed-*
     touch "$stamp"
 fi
+
+# A real Triton Inference Server for the backend tests (CPU, python backend): scripts/install_tritonserver.sh.
+scripts/install_tritonserver.sh

@@ -7,6 +7,7 @@ all run as in production, and the backend call costs nothing. Never configure it
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -73,7 +74,8 @@ class NullBackend:
             for name, entry in entries.items():
                 self._defaults[name] = str(entry.default)
                 for version in entry.loaded:
-                    self._specs[(name, str(version))] = entry.spec(version)
+                    spec = dataclasses.replace(entry.spec(version), server_batching=False)
+                    self._specs[(name, str(version))] = spec
         self._started = True
 
     async def infer(self, call: InferCall) -> InferResult:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -58,7 +59,8 @@ _ORT_DTYPES: Final = {
     "tensor(double)": "float64",
     "tensor(string)": "object",
 }
-_OPTIONS: Final = REPOSITORY_OPTIONS | {"threads", "intra_op_threads", "rescan_interval_s"}
+_OPTIONS: Final = REPOSITORY_OPTIONS | {"threads", "intra_op_threads", "rescan_interval_s", "device"}
+DEVICES: Final = ("cpu", "cuda")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +73,7 @@ class OnnxOptions:
     pins: Mapping[str, str] = field(default_factory=dict)  # model -> version served by default
     rescan_interval_s: float = 5.0  # how often to look for new versions; 0 = only on reload()
     max_models: int = 64
+    device: str = "cpu"  # "cuda": ONNX Runtime's CUDA provider first (onnxruntime-gpu), CPU for the rest
 
     @classmethod
     def from_mapping(cls, backend: str, options: Mapping[str, Any]) -> OnnxOptions:
@@ -80,6 +83,9 @@ class OnnxOptions:
             raise ValueError(f"backend {backend!r}: unknown option {unknown[0]!r}; known: {sorted(_OPTIONS)}")
         repo = RepositoryOptions.from_mapping(backend, options, required=True)
         assert repo.repository is not None  # required=True refused a missing one
+        device = options.get("device", "cpu")
+        if device not in DEVICES:
+            raise ValueError(f"backend {backend!r}: option 'device' must be one of {DEVICES}, got {device!r}")
         return cls(
             repository=repo.repository,
             threads=_positive_int(backend, options, "threads", 2),
@@ -87,6 +93,7 @@ class OnnxOptions:
             pins=repo.pins,
             rescan_interval_s=_interval(backend, options, "rescan_interval_s", 5.0),
             max_models=repo.max_models,
+            device=device,
         )
 
 
@@ -228,7 +235,8 @@ class OnnxBackend:
             defaults[name] = str(entry.default)
             for version in entry.loaded:
                 key = (name, str(version))
-                spec = entry.spec(version)
+                # Calls run as they come (no server batching): the gateway batches, whatever the config says.
+                spec = dataclasses.replace(entry.spec(version), server_batching=False)
                 previous = None if current is None else current.sessions.get(key)
                 if previous is not None and previous.spec == spec:
                     sessions[key] = previous
@@ -253,7 +261,7 @@ class OnnxBackend:
         so.inter_op_num_threads = 1
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         try:
-            session = ort.InferenceSession(str(path), sess_options=so, providers=["CPUExecutionProvider"])
+            session = ort.InferenceSession(str(path), sess_options=so, providers=self._providers())
         except Exception as exc:
             raise ModelRepositoryError(path, "model", f"ONNX Runtime cannot load it: {exc}") from exc
         have = {i.name: _ORT_DTYPES.get(i.type, i.type) for i in session.get_inputs()}
@@ -271,6 +279,17 @@ class OnnxBackend:
                 config_path, "output", f"{missing} not in the model's outputs ({path})"
             )
         return _Loaded(spec, session, tuple(o.name for o in spec.outputs))
+
+    def _providers(self) -> list[str]:
+        if self.options.device == "cuda":
+            if "CUDAExecutionProvider" not in ort.get_available_providers():
+                raise ModelRepositoryError(
+                    self.options.repository,
+                    "device",
+                    "cuda asked for, but this onnxruntime has no CUDA provider",
+                )
+            return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        return ["CPUExecutionProvider"]
 
     async def _rescan_periodically(self) -> None:
         while True:

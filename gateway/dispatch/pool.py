@@ -186,8 +186,15 @@ class PoolDispatcher:
                 best = (rank, key, queue)
         return None if best is None else (best[1], best[2])
 
-    def _ready_size(self, queue: _ModelQueue, now: float) -> int:
-        """How many to take now; 0 = wait for more (Triton's preferred sizes and max queue delay)."""
+    def _ready_size(self, key: tuple[str, str], queue: _ModelQueue, now: float) -> int:
+        """How many to take now; 0 = wait for more (Triton's preferred sizes and max queue delay).
+
+        A model its server batches itself (Triton ``dynamic_batching``, Ray Serve ``@serve.batch``) goes
+        one request per call, at once: batching twice only adds the gateway's delay to the server's.
+        """
+        spec = self.backend.model(*key)
+        if spec is not None and spec.server_batching:
+            return 1
         n = len(queue)
         if n >= self._max_batch:
             return self._max_batch
@@ -207,7 +214,7 @@ class PoolDispatcher:
                 continue
             key, queue = picked
             now = time.monotonic()
-            size = self._ready_size(queue, now)
+            size = self._ready_size(key, queue, now)
             if size == 0:
                 self._wake.clear()
                 wait = self._delay_s - (now - queue.oldest_enqueued())

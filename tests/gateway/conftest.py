@@ -1,0 +1,50 @@
+"""Real inference servers shared by the backend and daemon tests: Triton (CPU, python backend) and Ray Serve.
+
+Each starts once per session on loopback; tests that kill a server start their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway.models.demo import DEMO_MODELS
+from gateway.models.triton import write_triton_repository
+from gateway.testing_servers import RayServeEndpoint, TritonServer, local_ray, start_rayserve, stop_rayserve
+
+
+@pytest.fixture(scope="session")
+def triton_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo models for Triton (CPU instances, python backend running ONNX Runtime), versions 1 and 2."""
+    root = tmp_path_factory.mktemp("triton-models")
+    write_triton_repository(root, kind="cpu", runtime="python", versions=2)
+    return root
+
+
+@pytest.fixture(scope="session")
+def triton(triton_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
+    """One tritonserver for the session, on free loopback ports."""
+    log = tmp_path_factory.mktemp("triton-log") / "tritonserver.log"
+    with TritonServer(triton_repository, DEMO_MODELS, log_path=log) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[None]:
+    """A local Ray cluster (2 CPUs) for the session; only ever inside the test's loopback-only namespace."""
+    with local_ray(num_cpus=2):
+        yield
+
+
+@pytest.fixture(scope="session")
+def rayserve(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayServeEndpoint]:
+    """deploy/rayserve's application on the demo models (version 1), behind Ray Serve's gRPC proxy."""
+    from gateway.models.demo import write_demo_repository
+
+    root = tmp_path_factory.mktemp("rayserve-models")
+    write_demo_repository(root)
+    endpoint = start_rayserve(root, app_args={"num_cpus": 0.5, "max_batch_size": 16})
+    yield endpoint
+    stop_rayserve()
