@@ -4,7 +4,7 @@ hk-gateway                       run a local gateway (loopback carriers, embedde
 hk-gateway --config PATH         run with a TOML config (deploy/hk-gateway.example.toml)
 hk-gateway check-config PATH     validate a config and exit
 hk-gateway keygen --out DIR      write CurveZMQ key pairs (the gateway's, or an agent's with --agent)
-hk-gateway models init DIR       write the deterministic demo model repository
+hk-gateway models init DIR       write the deterministic demo model repository (--triton gpu|cpu: for Triton)
 """
 
 from __future__ import annotations
@@ -51,6 +51,19 @@ def build_parser() -> argparse.ArgumentParser:
     models_sub = models.add_subparsers(dest="models_command", required=True)
     init = models_sub.add_parser("init", help="write the demo models in Triton's repository layout")
     init.add_argument("dir", type=Path)
+    init.add_argument(
+        "--triton",
+        choices=["gpu", "cpu"],
+        help="write configs for a Triton server (dynamic batching, priorities, queue policy) "
+        "with GPU or CPU instances, instead of the embedded backend's",
+    )
+    init.add_argument(
+        "--runtime",
+        choices=["onnxruntime", "python"],
+        default="onnxruntime",
+        help="with --triton: Triton's onnxruntime backend, or the python-backend shim running ONNX Runtime",
+    )
+    init.add_argument("--versions", type=int, default=1, help="with --triton: versions 1..N of each model")
     return parser
 
 
@@ -75,11 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "keygen":
         return _keygen(args.out, args.agent, args.region)
     if args.command == "models":
-        from gateway.models.demo import write_demo_repository
-
-        written = write_demo_repository(args.dir)
-        print(f"wrote {len(written)} files into {args.dir}")
-        return 0
+        return _models_init(args)
     try:
         config = load_config(args.config, overrides=_overrides(args))
     except ConfigError as exc:
@@ -87,6 +96,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"hk-gateway: config: {key}: {message}", file=sys.stderr)
         return EXIT_CONFIG
     return run(config, args.config)
+
+
+def _models_init(args: argparse.Namespace) -> int:
+    from gateway.models.demo import write_demo_repository
+    from gateway.models.triton import write_triton_repository
+
+    if args.triton is None:
+        written = write_demo_repository(args.dir)
+    else:
+        if args.versions < 1:
+            print("hk-gateway: --versions must be at least 1", file=sys.stderr)
+            return EXIT_CONFIG
+        written = write_triton_repository(
+            args.dir, kind=args.triton, runtime=args.runtime, versions=args.versions
+        )
+    print(f"wrote {len(written)} files into {args.dir}")
+    return 0
 
 
 def _check_config(path: Path) -> int:

@@ -200,7 +200,7 @@ class GatewayConfig(_Section):
     @classmethod
     def _backend_types(cls, backends: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         import gateway.backends.builtin  # noqa: F401  (registers the built-in types)
-        from gateway.backends.base import registered_types
+        from gateway.backends.base import create, registered_types
 
         known = registered_types()
         for name, section in backends.items():
@@ -209,6 +209,9 @@ class GatewayConfig(_Section):
                 raise ValueError(f"backend {name!r} needs a string 'type'")
             if kind not in known:
                 raise ValueError(f"backend {name!r}: unknown type {kind!r}; known: {known}")
+            # Building a backend only reads its options (nothing connects or loads before start()), so
+            # check-config catches a bad option instead of the daemon's start.
+            create(kind, name, {k: v for k, v in section.items() if k != "type"})
         return backends
 
     @model_validator(mode="after")

@@ -236,32 +236,45 @@ def local_ray(num_cpus: int = 2) -> Iterator[None]:
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def start_rayserve(
-    repository: Path,
-    *,
-    application: str = "hk-models",
-    app_args: Mapping[str, Any] | None = None,
-) -> RayServeEndpoint:
-    """Start Serve (HTTP and gRPC proxies on free loopback ports) and deploy ``deploy/rayserve``'s app.
-
-    Call inside :func:`local_ray`; blocks until the application is RUNNING.
+class RayServeProxy:
+    """Ray Serve on a running local cluster: its gRPC proxy (KServe v2) and HTTP proxy on free loopback
+    ports, and the ``deploy/rayserve`` application deployed under as many names as a test needs.
     """
-    import hk_rayserve  # type: ignore[import-not-found]  # deploy/rayserve, on sys.path via local_ray
-    from ray import serve
-    from ray.serve.config import HTTPOptions, gRPCOptions
 
-    grpc_port = free_port()
-    serve.start(
-        http_options=HTTPOptions(host="127.0.0.1", port=free_port()),
-        grpc_options=gRPCOptions(port=grpc_port, grpc_servicer_functions=[hk_rayserve.SERVICER]),
-    )
-    args = {"repository": str(repository), **(app_args or {})}
-    serve.run(hk_rayserve.build_app(args), name=application, route_prefix=f"/{application}")
-    return RayServeEndpoint(grpc_url=f"127.0.0.1:{grpc_port}", application=application)
+    def __init__(self) -> None:
+        self.grpc_port = free_port()
+        self.http_port = free_port()
 
+    def start(self) -> None:
+        """Start Serve's controller and proxies; call inside :func:`local_ray`."""
+        import hk_rayserve  # type: ignore[import-not-found]  # deploy/rayserve, on sys.path via local_ray
+        from ray import serve
+        from ray.serve.config import HTTPOptions, gRPCOptions
 
-def stop_rayserve() -> None:
-    """Shut Serve down (the cluster stays for the next test)."""
-    from ray import serve
+        serve.start(
+            http_options=HTTPOptions(host="127.0.0.1", port=self.http_port),
+            grpc_options=gRPCOptions(port=self.grpc_port, grpc_servicer_functions=[hk_rayserve.SERVICER]),
+        )
 
-    serve.shutdown()  # type: ignore[no-untyped-call]  # ray leaves it unannotated
+    def deploy(
+        self, repository: Path, *, application: str = "hk-models", app_args: Mapping[str, Any] | None = None
+    ) -> RayServeEndpoint:
+        """Deploy the application on a model repository; blocks until it is RUNNING."""
+        import hk_rayserve
+        from ray import serve
+
+        args = {"repository": str(repository), **(app_args or {})}
+        # Ray's gRPC proxy only routes to applications that have a route prefix.
+        serve.run(hk_rayserve.build_app(args), name=application, route_prefix=f"/{application}")
+        return RayServeEndpoint(grpc_url=f"127.0.0.1:{self.grpc_port}", application=application)
+
+    def delete(self, application: str) -> None:
+        from ray import serve
+
+        serve.delete(application)
+
+    def shutdown(self) -> None:
+        """Shut Serve down (the cluster stays)."""
+        from ray import serve
+
+        serve.shutdown()  # type: ignore[no-untyped-call]  # ray leaves it unannotated

@@ -49,7 +49,7 @@ def triton_config(
     *,
     kind: InstanceKind = "gpu",
     runtime: Runtime = "onnxruntime",
-    instances: int = 1,
+    instances: int | None = None,
     max_queue_size: int | None = None,
     test_execute_delay_s: float = 0.0,
 ) -> Any:
@@ -75,7 +75,8 @@ def triton_config(
     batching.default_queue_policy.allow_timeout_override = True
     batching.default_queue_policy.max_queue_size = queue if max_queue_size is None else max_queue_size
     group = config.instance_group.add()
-    group.count = instances
+    # Two instances per GPU overlap one batch's copies with another's compute; one per CPU model.
+    group.count = instances if instances is not None else (2 if kind == "gpu" else 1)
     group.kind = mc.ModelInstanceGroup.KIND_GPU if kind == "gpu" else mc.ModelInstanceGroup.KIND_CPU
     if test_execute_delay_s:
         config.parameters["test_execute_delay_s"].string_value = repr(test_execute_delay_s)
@@ -93,7 +94,7 @@ def write_triton_repository(
     *,
     kind: InstanceKind = "gpu",
     runtime: Runtime = "onnxruntime",
-    instances: int = 1,
+    instances: int | None = None,
     versions: int = 1,
     models: tuple[str, ...] = DEMO_MODELS,
     max_queue_size: int | None = None,

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from gateway.models.demo import DEMO_MODELS
+from gateway.models.demo import DEMO_MODELS, IMAGE_MODEL
 from gateway.models.triton import write_triton_repository
-from gateway.testing_servers import RayServeEndpoint, TritonServer, local_ray, start_rayserve, stop_rayserve
+from gateway.testing_servers import RayServeEndpoint, RayServeProxy, TritonServer, local_ray
+
+SLOW_S = 0.4  # each execution of slow_triton's model takes this long
 
 
 @pytest.fixture(scope="session")
@@ -32,6 +34,22 @@ def triton(triton_repository: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 @pytest.fixture(scope="session")
+def slow_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
+    """Image model only, one CPU instance, SLOW_S per execution (a stand-in for a busy GPU), a queue of 2."""
+    root = tmp_path_factory.mktemp("slow-triton")
+    write_triton_repository(
+        root,
+        kind="cpu",
+        runtime="python",
+        models=(IMAGE_MODEL,),
+        max_queue_size=2,
+        test_execute_delay_s=SLOW_S,
+    )
+    with TritonServer(root, (IMAGE_MODEL,), log_path=root / "tritonserver.log") as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[None]:
     """A local Ray cluster (2 CPUs) for the session; only ever inside the test's loopback-only namespace."""
     with local_ray(num_cpus=2):
@@ -39,12 +57,19 @@ def ray_cluster() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def rayserve(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayServeEndpoint]:
+def ray_serve(ray_cluster: None) -> Iterator[RayServeProxy]:
+    """Ray Serve's proxies on free loopback ports, for the session."""
+    proxy = RayServeProxy()
+    proxy.start()
+    yield proxy
+    proxy.shutdown()
+
+
+@pytest.fixture(scope="session")
+def rayserve(ray_serve: RayServeProxy, tmp_path_factory: pytest.TempPathFactory) -> RayServeEndpoint:
     """deploy/rayserve's application on the demo models (version 1), behind Ray Serve's gRPC proxy."""
     from gateway.models.demo import write_demo_repository
 
     root = tmp_path_factory.mktemp("rayserve-models")
     write_demo_repository(root)
-    endpoint = start_rayserve(root, app_args={"num_cpus": 0.5, "max_batch_size": 16})
-    yield endpoint
-    stop_rayserve()
+    return ray_serve.deploy(root, app_args={"num_cpus": 0.5, "max_batch_size": 16})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
@@ -18,14 +18,12 @@ from gateway.backends.kserve import KServeBackend, KServeOptions, ServerAnswer
 from gateway.backends.onnx import OnnxBackend
 from gateway.backends.triton import TritonDialect
 from gateway.models.demo import IMAGE_MODEL, RANKING_MODEL, TEXT_MODEL
-from gateway.models.triton import write_triton_repository
 from gateway.testing import wait_for
 from gateway.testing_servers import TritonServer
 from routing.types import Priority
+from tests.gateway.conftest import SLOW_S
 
 pytestmark = pytest.mark.triton
-
-SLOW_S = 0.4  # each execution of the slow server's models takes this long (a stand-in for a busy GPU)
 
 
 def triton_backend(url: str, **options: object) -> KServeBackend:
@@ -40,22 +38,6 @@ async def remote(triton: TritonServer) -> AsyncIterator[KServeBackend]:
     await backend.start()
     yield backend
     await backend.aclose()
-
-
-@pytest.fixture(scope="module")
-def slow_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
-    """Image model only, one CPU instance, SLOW_S per execution, a queue of 2."""
-    root = tmp_path_factory.mktemp("slow-triton")
-    write_triton_repository(
-        root,
-        kind="cpu",
-        runtime="python",
-        models=(IMAGE_MODEL,),
-        max_queue_size=2,
-        test_execute_delay_s=SLOW_S,
-    )
-    with TritonServer(root, (IMAGE_MODEL,), log_path=root / "tritonserver.log") as server:
-        yield server
 
 
 def inputs(model: str, rows: int, seed: int = 0) -> dict[str, np.ndarray]:
