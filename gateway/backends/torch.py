@@ -1,0 +1,214 @@
+"""The ``torch`` backend: PyTorch modules on a GPU inside the gateway process (a GPU tier without a server).
+
+Each model comes from a factory named in the config, e.g.
+``models = {bert-base = "gateway.models.gpu:bert_base"}``: a function ``(device, dtype) -> TorchModel``
+that builds the module (weights loaded, eval mode, on the device) and says its :class:`ModelSpec`. Calls
+run on ``threads`` worker threads (one CUDA stream each): inputs go to the device once (pinned host
+memory, non-blocking copy), floating inputs in the backend's ``dtype``; outputs come back as float32
+numpy. PyTorch is imported at ``start``, so a gateway without this backend never needs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+
+from gateway.backends.base import (
+    Backend,
+    BackendError,
+    BackendHealth,
+    InferCall,
+    InferResult,
+    ModelNotFound,
+    ModelSpec,
+    register,
+)
+
+DTYPES: Final = ("float16", "bfloat16", "float32")
+_OPTIONS: Final = frozenset({"device", "dtype", "models", "threads"})
+
+
+@dataclass(frozen=True, slots=True)
+class TorchModel:
+    """A built model: ``module(**inputs)`` returns a dict of output tensors named as in ``spec``."""
+
+    spec: ModelSpec
+    module: Callable[..., Mapping[str, Any]]  # an eval-mode module on the device, or a callable around one
+
+
+TorchFactory = Callable[[str, str], TorchModel]
+
+
+@dataclass(frozen=True, slots=True)
+class TorchOptions:
+    """The ``torch`` backend's options (config keys of the same names)."""
+
+    models: Mapping[str, str]  # model name -> "package.module:factory"
+    device: str = "cuda:0"
+    dtype: str = "float16"
+    threads: int = 2
+
+    @classmethod
+    def from_mapping(cls, backend: str, options: Mapping[str, Any]) -> TorchOptions:
+        """Read a config section; unknown keys and bad values are a ValueError naming the key."""
+        where = f"backend {backend!r}: option"
+        unknown = sorted(set(options) - _OPTIONS)
+        if unknown:
+            raise ValueError(f"{where} {unknown[0]!r} is unknown; known: {sorted(_OPTIONS)}")
+        models = options.get("models")
+        if (
+            not isinstance(models, Mapping)
+            or not models
+            or not all(isinstance(k, str) and isinstance(v, str) and ":" in v for k, v in models.items())
+        ):
+            raise ValueError(f"{where} 'models' must map model names to 'module:factory', got {models!r}")
+        dtype = options.get("dtype", "float16")
+        if dtype not in DTYPES:
+            raise ValueError(f"{where} 'dtype' must be one of {DTYPES}, got {dtype!r}")
+        device = options.get("device", "cuda:0")
+        if not isinstance(device, str) or not device.startswith(("cuda", "cpu")):
+            raise ValueError(f"{where} 'device' must be 'cuda', 'cuda:N' or 'cpu', got {device!r}")
+        threads = options.get("threads", 2)
+        if not isinstance(threads, int) or isinstance(threads, bool) or not 1 <= threads <= 16:
+            raise ValueError(f"{where} 'threads' must be an integer in 1..16, got {threads!r}")
+        return cls(models=dict(models), device=device, dtype=dtype, threads=threads)
+
+
+class TorchBackend:
+    """PyTorch modules on one device; see the module docstring."""
+
+    def __init__(
+        self, name: str, options: TorchOptions, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.name = name
+        self.options = options
+        self._clock = clock
+        self._models: dict[str, TorchModel] = {}
+        self._executor: ThreadPoolExecutor | None = None
+        self._torch: Any = None
+        self._streams = threading.local()
+        self._closed = False
+
+    async def start(self) -> None:
+        """Import torch, build every model on the device and run one warm-up call each."""
+        if self._closed:
+            raise RuntimeError(f"backend {self.name!r} is closed")
+        if self._models:
+            return
+        try:
+            self._torch = importlib.import_module("torch")
+        except ImportError as exc:
+            raise RuntimeError(
+                f"backend {self.name!r}: type 'torch' needs PyTorch installed ({exc})"
+            ) from exc
+        self._executor = ThreadPoolExecutor(self.options.threads, thread_name_prefix=f"torch-{self.name}")
+        for model, target in self.options.models.items():
+            built = await asyncio.to_thread(_build, target, self.options.device, self.options.dtype)
+            if built.spec.name != model:
+                raise ValueError(
+                    f"backend {self.name!r}: factory {target} built {built.spec.name!r}, not {model!r}"
+                )
+            self._models[model] = built
+
+    async def infer(self, call: InferCall) -> InferResult:
+        """One batch on the device; the deadline is checked again when a worker thread takes the call."""
+        executor = self._executor
+        if executor is None or self._closed:
+            raise BackendError(f"backend {self.name!r} is not serving", retryable=True, status="UNAVAILABLE")
+        model = self._models.get(call.model)
+        if model is None or call.version not in ("", model.spec.version):
+            raise ModelNotFound(call.model, call.version)
+        deadline = None if call.timeout_s is None else self._clock() + call.timeout_s
+        loop = asyncio.get_running_loop()
+        outputs = await loop.run_in_executor(executor, self._run, model, call, deadline)
+        return InferResult(outputs=outputs, model_version=model.spec.version)
+
+    def model(self, name: str, version: str = "") -> ModelSpec | None:
+        found = self._models.get(name)
+        return None if found is None or version not in ("", found.spec.version) else found.spec
+
+    def models(self) -> list[ModelSpec]:
+        return [m.spec for m in self._models.values()]
+
+    def loaded(self, name: str) -> TorchModel:
+        """The built model (benchmarks call it directly to compare with the gateway path)."""
+        return self._models[name]
+
+    def health(self) -> BackendHealth:
+        return BackendHealth.SERVING if self._models and not self._closed else BackendHealth.NOT_SERVING
+
+    async def aclose(self) -> None:
+        """Let calls under way finish, release the threads and the models. Safe before start and twice."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._executor is not None:
+            await asyncio.to_thread(self._executor.shutdown, wait=True)
+        self._models.clear()
+
+    def _run(self, model: TorchModel, call: InferCall, deadline: float | None) -> dict[str, np.ndarray]:
+        if deadline is not None and self._clock() > deadline:
+            raise BackendError(
+                f"model {call.model}: deadline passed before the call ran",
+                retryable=False,
+                status="DEADLINE_EXCEEDED",
+            )
+        torch = self._torch
+        device = torch.device(self.options.device)
+        dtype = getattr(torch, self.options.dtype)
+        stream = self._stream(torch, device)
+        try:
+            with torch.inference_mode(), _on_stream(torch, stream):
+                feed = {}
+                for name, array in call.inputs.items():
+                    tensor = torch.from_numpy(np.ascontiguousarray(array))
+                    if device.type == "cuda":
+                        tensor = tensor.pin_memory().to(device, non_blocking=True)
+                    feed[name] = tensor.to(dtype) if tensor.is_floating_point() else tensor
+                answer = model.module(**feed)
+                outputs = {out.name: answer[out.name].float().cpu().numpy() for out in model.spec.outputs}
+        except Exception as exc:  # any torch failure is this call's error, not the pool's bug
+            raise BackendError(f"model {call.model} failed on {device}: {exc}", retryable=False) from exc
+        return outputs
+
+    def _stream(self, torch: Any, device: Any) -> Any:
+        if device.type != "cuda":
+            return None
+        stream = getattr(self._streams, "stream", None)
+        if stream is None:
+            stream = self._streams.stream = torch.cuda.Stream(device=device)
+        return stream
+
+
+def _build(target: str, device: str, dtype: str) -> TorchModel:
+    module_name, _, function = target.partition(":")
+    factory = getattr(importlib.import_module(module_name), function)
+    built = factory(device, dtype)
+    if not isinstance(built, TorchModel):
+        raise TypeError(f"{target} returned {type(built).__name__}, not a TorchModel")
+    return built
+
+
+@contextlib.contextmanager
+def _on_stream(torch: Any, stream: Any) -> Iterator[None]:
+    """Run on this thread's CUDA stream (calls on other threads overlap with it); no-op on CPU."""
+    if stream is None:
+        yield
+        return
+    with torch.cuda.stream(stream):
+        yield
+
+
+@register("torch")
+def create_torch_backend(name: str, options: Mapping[str, Any]) -> Backend:
+    """Factory for ``type = "torch"``: a :class:`TorchBackend` from its config section."""
+    return TorchBackend(name, TorchOptions.from_mapping(name, options))
