@@ -48,14 +48,21 @@ def cloud_requests(n: int, seed: int) -> list[pb.InferRequest]:
 
 
 async def through_agent(gateway_overrides: dict[str, Any], models_dir: Path, spool: Path,
-                        requests: list[pb.InferRequest]) -> list[pb.InferResponse]:  # fmt: skip
-    """Serve requests through a real edge agent and a real gateway built from the overrides."""
+                        requests: list[pb.InferRequest]) -> tuple[list[pb.InferResponse], float]:  # fmt: skip
+    """Serve requests through a real edge agent and a real gateway built from the overrides.
+
+    Returns the responses and the mean number of requests per call the cloud pools made to their backend.
+    """
     async with run_gateway(models_dir=models_dir, **gateway_overrides) as gw:
         endpoints = {name: gw.endpoint(name) for name in gw.carriers}
         async with EdgeAgent(agent_config(endpoints, models_dir, spool)) as agent:
             await wait_for(lambda: agent.uplink is not None and agent.uplink.best() is not None)
             async with EdgeClient(agent.intake_endpoint) as client:
-                return await client.infer_many([copy.deepcopy(r) for r in requests], deadline_s=20.0)
+                responses = await client.infer_many([copy.deepcopy(r) for r in requests], deadline_s=20.0)
+        sample = gw.metrics.registry.get_sample_value
+        calls = sum(sample("hkgw_batch_size_count", {"pool": p}) or 0.0 for p in CLOUD_POOLS)
+        requests_sent = sum(sample("hkgw_batch_size_sum", {"pool": p}) or 0.0 for p in CLOUD_POOLS)
+    return responses, requests_sent / max(calls, 1.0)
 
 
 def outputs(response: pb.InferResponse) -> dict[str, np.ndarray | bytes]:
@@ -89,14 +96,15 @@ async def test_agent_gateway_triton_answers_like_embedded(
     """Cloud requests served by Triton through agent and gateway equal the embedded backend's answers."""
     requests = cloud_requests(40, seed=21)
     pins = {model: 1 for model in DEMO_MODELS}  # the embedded repository has version 1 only
-    remote = await through_agent(
+    remote, per_call = await through_agent(
         cloud_on({"type": "triton", "url": triton.grpc_url, "pins": pins}, models_dir),
         models_dir,
         tmp_path / "spool-a",
         requests,
     )
-    embedded = await through_agent({}, models_dir, tmp_path / "spool-b", requests)
+    embedded, _ = await through_agent({}, models_dir, tmp_path / "spool-b", requests)
     assert {r.pool for r in remote} & set(CLOUD_POOLS)
+    assert per_call == 1.0  # Triton batches (dynamic_batching): the gateway sends one request per call
     assert {r.kind for r in requests} >= {pb.REQUEST_KIND_RANKING, pb.REQUEST_KIND_TEXT}
     assert_same_answers(remote, embedded)
 
@@ -108,9 +116,12 @@ async def test_agent_gateway_rayserve_answers_like_embedded(
     """Cloud requests served by Ray Serve through agent and gateway equal the embedded backend's answers."""
     requests = cloud_requests(40, seed=22)
     backend = {"type": "rayserve", "url": rayserve.grpc_url, "application": rayserve.application}
-    remote = await through_agent(cloud_on(backend, models_dir), models_dir, tmp_path / "spool-a", requests)
-    embedded = await through_agent({}, models_dir, tmp_path / "spool-b", requests)
+    remote, per_call = await through_agent(
+        cloud_on(backend, models_dir), models_dir, tmp_path / "spool-a", requests
+    )
+    embedded, _ = await through_agent({}, models_dir, tmp_path / "spool-b", requests)
     assert {r.pool for r in remote} & set(CLOUD_POOLS)
+    assert per_call == 1.0  # Ray Serve batches (@serve.batch): the gateway sends one request per call
     assert_same_answers(remote, embedded)
 
 
