@@ -5,6 +5,8 @@ hk-gateway --config PATH         run with a TOML config (deploy/hk-gateway.examp
 hk-gateway check-config PATH     validate a config and exit
 hk-gateway keygen --out DIR      write CurveZMQ key pairs (the gateway's, or an agent's with --agent)
 hk-gateway models init DIR       write the deterministic demo model repository (--triton gpu|cpu: for Triton)
+hk-gateway capture inspect FILE  what capture files hold (counts by kind, region, carrier, model; corrupt)
+hk-gateway replay FILE --to EP   re-send captured traffic (--speed, --ids, --record-decisions, --expect)
 """
 
 from __future__ import annotations
@@ -64,6 +66,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --triton: Triton's onnxruntime backend, or the python-backend shim running ONNX Runtime",
     )
     init.add_argument("--versions", type=int, default=1, help="with --triton: versions 1..N of each model")
+    capture = sub.add_parser("capture", help="traffic capture tools")
+    capture_sub = capture.add_subparsers(dest="capture_command", required=True)
+    inspect = capture_sub.add_parser("inspect", help="what capture files hold")
+    inspect.add_argument("files", type=Path, nargs="+")
+    inspect.add_argument("--json", action="store_true", help="print JSON")
+    replay = sub.add_parser("replay", help="re-send captured traffic to a gateway (docs/CAPTURE.md)")
+    replay.add_argument("files", type=Path, nargs="+")
+    replay.add_argument("--to", required=True, metavar="ENDPOINT", help="tcp://HOST:PORT of a carrier")
+    replay.add_argument("--speed", default="1x", help="1x (captured timing), 10x, ..., or max")
+    replay.add_argument(
+        "--ids",
+        choices=["new", "original"],
+        default="new",
+        help="original ids exercise dedupe: a gateway that served them answers duplicates",
+    )
+    replay.add_argument(
+        "--as-agent", type=Path, metavar="SECRET_KEYFILE", help="CURVE: the agent's .key_secret"
+    )
+    replay.add_argument("--server-key", type=Path, metavar="KEYFILE", help="CURVE: the gateway's public .key")
+    replay.add_argument(
+        "--record-decisions", type=Path, metavar="OUT.jsonl", help="write per-request decisions"
+    )
+    replay.add_argument("--expect", type=Path, metavar="GOLDEN.jsonl", help="fail on any decision difference")
+    replay.add_argument("--timeout", type=float, default=30.0, help="wait this long for the last answers")
+    replay.add_argument("--window", type=int, default=2000, help="requests in flight at most")
+    replay.add_argument("--json", action="store_true", help="print the summary as JSON")
     return parser
 
 
@@ -89,6 +117,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _keygen(args.out, args.agent, args.region)
     if args.command == "models":
         return _models_init(args)
+    if args.command == "capture":
+        from gateway.capture.inspect import inspect, render
+
+        print(render(inspect(args.files), args.json))
+        return 0
+    if args.command == "replay":
+        return _replay(args)
     try:
         config = load_config(args.config, overrides=_overrides(args))
     except ConfigError as exc:
@@ -96,6 +131,79 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"hk-gateway: config: {key}: {message}", file=sys.stderr)
         return EXIT_CONFIG
     return run(config, args.config)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    """Exit 0, or 1 when the replay differs from ``--expect`` or lost requests, 2 on bad arguments."""
+    import asyncio
+
+    from gateway.capture import replay as rp
+
+    speed_text = args.speed.lower().removesuffix("x")
+    try:
+        speed = None if speed_text == "max" else float(speed_text)
+    except ValueError:
+        speed = -1.0
+    if speed is not None and not speed > 0:
+        print(f"hk-gateway replay: --speed must be like 1x, 10x or max, got {args.speed!r}", file=sys.stderr)
+        return EXIT_CONFIG
+    if (args.as_agent is None) != (args.server_key is None):
+        print("hk-gateway replay: --as-agent and --server-key go together", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        curve, agent = _replay_identity(args.as_agent, args.server_key)
+        golden = None if args.expect is None else rp.read_decisions(args.expect)
+        missing = [str(p) for p in args.files if not p.is_file()]
+        if missing:
+            raise ValueError(f"no such file: {', '.join(missing)}")
+    except (OSError, ValueError) as exc:
+        print(f"hk-gateway replay: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    options = rp.ReplayOptions(
+        endpoint=args.to,
+        speed=speed,
+        original_ids=args.ids == "original",
+        curve=curve,
+        agent=agent,
+        window=max(1, args.window),
+        timeout_s=args.timeout,
+        progress=None if args.json else rp.progress_stream(),
+    )
+    summary, decisions = asyncio.run(rp.replay(args.files, options))
+    print(summary.to_json() if args.json else rp.summary_text(summary))
+    if args.record_decisions is not None:
+        rp.write_decisions(decisions, args.record_decisions)
+    failed = summary.lost > 0
+    if golden is not None:
+        differences = rp.compare_decisions(golden, decisions)
+        for difference in differences[:50]:
+            print(f"DIFF {difference}", file=sys.stderr)
+        if len(differences) > 50:
+            print(f"DIFF ... and {len(differences) - 50} more", file=sys.stderr)
+        print(f"golden: {len(differences)} difference(s) in {len(decisions)} requests", file=sys.stderr)
+        failed = failed or bool(differences)
+    return 1 if failed else 0
+
+
+def _replay_identity(
+    secret_file: Path | None, server_file: Path | None
+) -> tuple[tuple[bytes, bytes, bytes] | None, tuple[str, str] | None]:
+    """CURVE keys and the (agent id, region) of ``--as-agent``; (None, None) in plaintext."""
+    import zmq.auth
+
+    from gateway.ingress.auth import read_metadata
+
+    if secret_file is None or server_file is None:
+        return None, None
+    public, secret = zmq.auth.load_certificate(secret_file)
+    server, _ = zmq.auth.load_certificate(server_file)
+    if secret is None:
+        raise ValueError(f"{secret_file} holds no secret key")
+    meta = read_metadata(secret_file)
+    return (public, secret, server), (
+        meta.get("agent-id", secret_file.name.split(".")[0]),
+        meta.get("region", ""),
+    )
 
 
 def _models_init(args: argparse.Namespace) -> int:

@@ -161,6 +161,25 @@ class LoggingConfig(_Section):
     level: LogLevel = "info"
 
 
+class CaptureConfig(_Section):
+    """Traffic capture (docs/CAPTURE.md): rotating compressed files of received messages, off the hot path."""
+
+    enabled: bool = False  # on from start; else only for a bounded time via POST /admin/capture
+    directory: str = "var/capture"
+    max_file_bytes: int = Field(default=64 << 20, ge=1 << 16)  # compressed size that rotates a file
+    max_file_age_s: float = Field(default=600.0, gt=0)
+    max_total_bytes: int = Field(default=1 << 30, ge=1 << 16)  # oldest files deleted beyond this
+    max_files: int = Field(default=1000, ge=2)
+    queue_records: int = Field(default=10_000, ge=1)  # messages waiting for the writer thread
+    queue_bytes: int = Field(default=64 << 20, ge=1 << 16)  # their bytes; beyond either, drop and count
+    flush_interval_s: float = Field(default=1.0, gt=0)  # a reader sees records at most this old
+    retry_after_s: float = Field(default=5.0, gt=0)  # after a write error, the pause before a new file
+    max_enable_s: float = Field(default=3600.0, gt=0)  # longest capture the admin endpoint switches on
+    level: int = Field(default=3, ge=1, le=19)  # zstd level
+    redact: bool = False  # replace ranking user/session ids by keyed hashes
+    redact_key_file: str | None = None  # >= 16 bytes; without one a random key per process
+
+
 class GatewayConfig(_Section):
     """Everything ``hk-gateway`` needs; built by :func:`load_config`."""
 
@@ -176,6 +195,7 @@ class GatewayConfig(_Section):
     health: HealthConfig = HealthConfig()
     cpu: CpuConfig = CpuConfig()
     logging: LoggingConfig = LoggingConfig()
+    capture: CaptureConfig = CaptureConfig()
     drain_timeout_s: float = Field(default=20.0, gt=0)
     # After health turns DRAINING, keep serving what is queued for this long before handing the rest
     # back, so GeoDNS and BGP health checkers see DRAINING (and move traffic) before the listener goes.

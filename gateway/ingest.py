@@ -16,6 +16,7 @@ import zmq
 from google.protobuf.message import Message
 
 from edgewire import FrameCodec, FrameError, is_valid_id, labels, now_unix_us, pb
+from gateway.capture.recorder import CaptureRecorder
 from gateway.config import GatewayConfig
 from gateway.dedupe import DedupeWindow, RequestState, ResponseCache
 from gateway.dispatch.pool import PoolDispatcher
@@ -89,6 +90,7 @@ class Ingest:
         regions: RegionResolver,
         authenticator: AgentAuthenticator | None,
         clock: Callable[[], float] = time.monotonic,
+        capture: CaptureRecorder | None = None,
     ) -> None:
         self._config = config
         self._codec = codec
@@ -99,6 +101,7 @@ class Ingest:
         self.regions = regions
         self._auth = authenticator
         self._clock = clock
+        self._capture = capture
         self.dedupe = DedupeWindow(config.dedupe.window_s, config.dedupe.max_entries)
         self.responses = ResponseCache(config.dedupe.response_cache_bytes)
         self.draining = False
@@ -116,12 +119,16 @@ class Ingest:
         try:
             envelope = self._codec.decode_envelope(body)
         except FrameError as exc:
+            if self._capture is not None:
+                self._capture.offer(carrier.name, "", "", body)
             self._reject(carrier, routing_id, body[0] if body else b"", exc)
             return
         self._metrics.child(
             self._metrics.frames_received, carrier.name, KIND_LABELS.get(envelope.kind, "other")
         ).inc()
         agent_id, region = self._identify(frames[1], envelope, carrier, routing_id)
+        if self._capture is not None:
+            self._capture.offer(carrier.name, agent_id or "", region, body)
         if agent_id is None:
             return
         frame = _Frame(carrier, routing_id, envelope, agent_id, region)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from pathlib import Path
 
@@ -21,6 +22,8 @@ import zmq.asyncio
 import gateway.backends.builtin  # noqa: F401  (registers the built-in backend types)
 from edgewire import CodecLimits, DictionaryStore, FrameCodec
 from gateway.backends.base import Backend, create
+from gateway.capture.recorder import CaptureRecorder
+from gateway.capture.redact import Redactor
 from gateway.config import GatewayConfig, load_config
 from gateway.dispatch.breaker import CircuitBreaker
 from gateway.dispatch.cpu import CpuStage, default_workers
@@ -75,6 +78,7 @@ class Gateway:
         self._ctx: zmq.asyncio.Context | None = None
         self._auth: AgentAuthenticator | None = None
         self.cpu: CpuStage | None = None
+        self.capture: CaptureRecorder | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._hysteresis = {
             c.name: Hysteresis(config.health.rise, config.health.fall) for c in config.carriers
@@ -126,8 +130,18 @@ class Gateway:
             )
             self.cpu.start()
             await self.cpu.warm_up()
+            self.capture = self._capture_recorder(dictionaries, limits)
+            self.capture.start()
             ingest = self.ingest = Ingest(
-                cfg, codec, self.policy, self.pools, replies, self.metrics, self._regions(), self._auth
+                cfg,
+                codec,
+                self.policy,
+                self.pools,
+                replies,
+                self.metrics,
+                self._regions(),
+                self._auth,
+                capture=self.capture,
             )
             routing_pools = {p.name: p for p in cfg.routing.pools}
             # One breaker per backend, shared by every pool on it: a failing server is out for all of them.
@@ -172,6 +186,7 @@ class Gateway:
                 self.metrics,
                 self._set_carrier_enabled_threadsafe,
                 stale_after_s=max(2.0, 4 * cfg.health.interval_s),
+                set_capture=self._set_capture,
             )
             try:
                 self.http.start()
@@ -193,6 +208,32 @@ class Gateway:
             http_port=self.http.port,
             pools=sorted(self.pools),
         )
+
+    def _capture_recorder(self, dictionaries: DictionaryStore, limits: CodecLimits) -> CaptureRecorder:
+        cfg = self.config.capture
+        redactor = None
+        if cfg.redact:
+            try:
+                key = Path(cfg.redact_key_file).read_bytes() if cfg.redact_key_file else os.urandom(32)
+                redactor = Redactor(key, dictionaries, limits)
+            except (OSError, ValueError) as exc:
+                raise GatewayStartError(f"capture: redaction key: {exc}") from exc
+        return CaptureRecorder(
+            cfg,
+            instance=self.config.instance,
+            dictionaries=lambda: [(i, dictionaries.raw(i) or b"") for i in dictionaries.ids()],
+            metrics=self.metrics,
+            redactor=redactor,
+        )
+
+    def _set_capture(self, seconds: float) -> float:
+        """Admin endpoint (HTTP thread): capture for ``seconds`` (0 = stop); returns when it ends (Unix)."""
+        if self.capture is None:
+            return 0.0
+        if seconds <= 0:
+            self.capture.disable()
+            return 0.0
+        return self.capture.enable_for(seconds)
 
     async def _start_backends(self) -> None:
         for name, section in self.config.backends.items():
@@ -291,6 +332,8 @@ class Gateway:
                 await backend.aclose()
         if self.cpu is not None:
             self.cpu.close()
+        if self.capture is not None:
+            await asyncio.to_thread(self.capture.close)
         if self._geoip is not None:
             self._geoip.close()
         if self._ctx is not None:

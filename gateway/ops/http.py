@@ -32,6 +32,7 @@ class HealthServer:
         metrics: GatewayMetrics,
         set_carrier_enabled: Callable[[str, bool], bool],
         stale_after_s: float,
+        set_capture: Callable[[float], float] | None = None,
     ) -> None:
         self._host = host
         self._port = port
@@ -39,6 +40,7 @@ class HealthServer:
         self._metrics = metrics
         self._set_enabled = set_carrier_enabled
         self._stale_after_s = stale_after_s
+        self._set_capture = set_capture
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -76,6 +78,7 @@ class HealthServer:
         app.router.add_get("/health/carriers/{name}", self._carrier)
         app.router.add_get("/metrics", self._metrics_handler)
         app.router.add_post("/admin/carriers/{name}/{action}", self._admin_carrier)
+        app.router.add_post("/admin/capture", self._admin_capture)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True)
@@ -143,6 +146,21 @@ class HealthServer:
         if not self._set_enabled(name, action == "enable"):
             return web.Response(status=404, text=f"no carrier {name}\n", content_type=_TEXT)
         return web.Response(text=f"carrier {name} {action}d\n", content_type=_TEXT)
+
+    async def _admin_capture(self, request: web.Request) -> web.Response:
+        """``POST /admin/capture?seconds=N``: capture for N seconds (capped by config); 0 stops it."""
+        if self._set_capture is None:
+            return web.Response(status=404, text="capture is not available\n", content_type=_TEXT)
+        try:
+            seconds = float(request.query.get("seconds", "60"))
+        except ValueError:
+            return web.Response(status=400, text="seconds must be a number\n", content_type=_TEXT)
+        if not seconds >= 0:  # also refuses NaN
+            return web.Response(status=400, text="seconds must be >= 0\n", content_type=_TEXT)
+        until = self._set_capture(seconds)
+        if not until:
+            return web.Response(text="capture off\n", content_type=_TEXT)
+        return web.Response(text=f"capture on until {until:.0f} (unix)\n", content_type=_TEXT)
 
 
 __all__ = ["CarrierState", "HealthServer"]

@@ -173,6 +173,16 @@ class GatewayMetrics:
             f"{NS}_cpu_worker_restarts", "CPU stage pools replaced after a worker died", registry=r
         )
         self.reloads = Counter(f"{NS}_reloads", "Config reloads (SIGHUP) by outcome", ["outcome"], registry=r)
+        self.capture_records = Counter(
+            f"{NS}_capture_records",
+            "Messages offered to traffic capture, by outcome (written, or dropped and why)",
+            ["outcome"],
+            registry=r,
+        )
+        self.capture_bytes = Counter(
+            f"{NS}_capture_written_bytes", "Compressed bytes written to capture files", registry=r
+        )
+        self.capture_active = Gauge(f"{NS}_capture_active", "1 while traffic capture is on", registry=r)
 
     def child(self, metric: M, *labels: str) -> M:
         """``metric.labels(*labels)``, cached: the label sets are bounded and the hot path asks often."""

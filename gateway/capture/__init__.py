@@ -1,0 +1,1 @@
+"""Traffic capture at the gateway (recorder, file format, redaction), inspection and replay."""

@@ -1,0 +1,172 @@
+"""Capture files: one zstd stream of length-prefixed ``CaptureEntry`` messages (docs/CAPTURE.md).
+
+:class:`CaptureFile` writes one file (created 0600, header first, records after, flushed to a readable
+state on :meth:`CaptureFile.flush`); :func:`read_capture` reads one back, yielding each record or a
+:class:`Corrupt` marker, never raising on bad content: a file cut short by a crash or a full disk still gives
+every record before the cut.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, TypeAlias
+
+import zstandard
+from google.protobuf.message import DecodeError
+
+from edgewire.pb.edgeinfer.v1 import capture_pb2 as cpb
+
+MAGIC: Final = "hk-edge-gateway capture"
+FORMAT_VERSION: Final = 1
+SUFFIX: Final = ".hkcap"
+MAX_ENTRY_BYTES: Final = 128 << 20  # larger than any frame the gateway accepts, plus its record fields
+_LENGTH: Final = struct.Struct("<I")
+
+
+@dataclass(frozen=True, slots=True)
+class Corrupt:
+    """Unreadable content in a capture file: what was wrong, and where (byte offset in the stream)."""
+
+    offset: int
+    reason: str
+
+
+Entry: TypeAlias = cpb.CaptureRecord | Corrupt
+
+
+class CaptureFile:
+    """One capture file being written. Not thread-safe: the capture writer thread owns it."""
+
+    def __init__(self, path: Path, header: cpb.CaptureHeader, *, level: int = 3) -> None:
+        self.path = path
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        self._raw = os.fdopen(fd, "wb")
+        self._zstd = zstandard.ZstdCompressor(level=level).stream_writer(self._raw, closefd=False)
+        self.records = 0
+        self.uncompressed_bytes = 0
+        self._write(cpb.CaptureEntry(header=header))
+
+    @property
+    def compressed_bytes(self) -> int:
+        """Bytes on disk so far (what has left the compressor)."""
+        return self._raw.tell()
+
+    def append(self, record: cpb.CaptureRecord) -> int:
+        """Add one record; returns its uncompressed size. Raises OSError when the disk refuses."""
+        size = self._write(cpb.CaptureEntry(record=record))
+        self.records += 1
+        return size
+
+    def flush(self) -> None:
+        """End the current zstd block and write it out, so a reader sees every record appended so far."""
+        self._zstd.flush(zstandard.FLUSH_BLOCK)
+        self._raw.flush()
+
+    def close(self) -> None:
+        """Finish the zstd frame and close; safe twice. Raises OSError if the last write fails."""
+        if self._raw.closed:
+            return
+        try:
+            self._zstd.flush(zstandard.FLUSH_FRAME)
+            self._raw.flush()
+            os.fsync(self._raw.fileno())
+        finally:
+            self._raw.close()
+
+    def abandon(self) -> None:
+        """Close without flushing (after a write error); what reached the disk stays readable."""
+        with contextlib.suppress(OSError):  # the buffered tail fails to flush; the descriptor still closes
+            self._raw.close()
+
+    def _write(self, entry: cpb.CaptureEntry) -> int:
+        data = entry.SerializeToString()
+        self._zstd.write(_LENGTH.pack(len(data)))
+        self._zstd.write(data)
+        self.uncompressed_bytes += _LENGTH.size + len(data)
+        return _LENGTH.size + len(data)
+
+
+def read_header(path: Path) -> cpb.CaptureHeader | None:
+    """The file's header, or None when the file does not start with one."""
+    for entry in _entries(path):
+        if isinstance(entry, cpb.CaptureEntry) and entry.WhichOneof("entry") == "header":
+            return entry.header
+        return None
+    return None
+
+
+def read_capture(path: Path) -> Iterator[Entry]:
+    """Every record of a capture file in order; unreadable content as :class:`Corrupt` (then it stops)."""
+    first = True
+    for entry in _entries(path):
+        if isinstance(entry, Corrupt):
+            yield entry
+            return
+        which = entry.WhichOneof("entry")
+        if first:
+            first = False
+            if which != "header" or entry.header.magic != MAGIC:
+                yield Corrupt(0, "not a capture file (no header)")
+                return
+            if entry.header.format_version != FORMAT_VERSION:
+                yield Corrupt(0, f"format version {entry.header.format_version}, this reads {FORMAT_VERSION}")
+                return
+            continue
+        if which == "record":
+            yield entry.record
+        else:
+            yield Corrupt(-1, f"unexpected {which or 'empty'} entry")
+
+
+def _entries(path: Path) -> Iterator[cpb.CaptureEntry | Corrupt]:
+    offset = 0
+    with path.open("rb") as raw:
+        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+        while True:
+            try:
+                prefix = _read_exactly(reader, _LENGTH.size)
+            except zstandard.ZstdError as exc:
+                yield Corrupt(offset, f"zstd: {exc}")
+                return
+            if not prefix:
+                return
+            if len(prefix) < _LENGTH.size:
+                yield Corrupt(offset, "truncated length prefix")
+                return
+            (size,) = _LENGTH.unpack(prefix)
+            if size > MAX_ENTRY_BYTES:
+                yield Corrupt(offset, f"entry of {size} bytes, more than {MAX_ENTRY_BYTES}")
+                return
+            try:
+                data = _read_exactly(reader, size)
+            except zstandard.ZstdError as exc:
+                yield Corrupt(offset, f"zstd: {exc}")
+                return
+            if len(data) < size:
+                yield Corrupt(offset, f"truncated entry: {len(data)} of {size} bytes")
+                return
+            entry = cpb.CaptureEntry()
+            try:
+                entry.ParseFromString(data)
+            except DecodeError as exc:
+                yield Corrupt(offset, f"invalid entry: {exc}")
+                return
+            offset += _LENGTH.size + size
+            yield entry
+
+
+def _read_exactly(reader: zstandard.ZstdDecompressionReader, size: int) -> bytes:
+    chunks: list[bytes] = []
+    remaining = size
+    while remaining:
+        chunk = reader.read(remaining)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
