@@ -124,49 +124,62 @@ def read_capture(path: Path) -> Iterator[Entry]:
 
 
 def _entries(path: Path) -> Iterator[cpb.CaptureEntry | Corrupt]:
-    offset = 0
-    with path.open("rb") as raw:
-        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
-        while True:
-            try:
-                prefix = _read_exactly(reader, _LENGTH.size)
-            except zstandard.ZstdError as exc:
-                yield Corrupt(offset, f"zstd: {exc}")
-                return
-            if not prefix:
-                return
-            if len(prefix) < _LENGTH.size:
-                yield Corrupt(offset, "truncated length prefix")
-                return
-            (size,) = _LENGTH.unpack(prefix)
-            if size > MAX_ENTRY_BYTES:
+    buffer = bytearray()
+    offset = 0  # of buffer[0] in the decompressed stream
+    stream = _decompressed(path)
+    while True:
+        while len(buffer) < _LENGTH.size or len(buffer) < _LENGTH.size + _LENGTH.unpack_from(buffer)[0]:
+            if len(buffer) >= _LENGTH.size and _LENGTH.unpack_from(buffer)[0] > MAX_ENTRY_BYTES:
+                size = _LENGTH.unpack_from(buffer)[0]
                 yield Corrupt(offset, f"entry of {size} bytes, more than {MAX_ENTRY_BYTES}")
                 return
             try:
-                data = _read_exactly(reader, size)
+                chunk = next(stream, None)
             except zstandard.ZstdError as exc:
                 yield Corrupt(offset, f"zstd: {exc}")
                 return
-            if len(data) < size:
-                yield Corrupt(offset, f"truncated entry: {len(data)} of {size} bytes")
+            except _Unfinished:
+                yield Corrupt(offset, "ends inside a zstd frame (still being written, or cut short)")
                 return
-            entry = cpb.CaptureEntry()
-            try:
-                entry.ParseFromString(data)
-            except DecodeError as exc:
-                yield Corrupt(offset, f"invalid entry: {exc}")
+            if chunk is None:
+                if buffer:
+                    yield Corrupt(offset, f"truncated entry: {len(buffer)} bytes left at the end")
                 return
-            offset += _LENGTH.size + size
-            yield entry
+            buffer += chunk
+        (size,) = _LENGTH.unpack_from(buffer)
+        entry = cpb.CaptureEntry()
+        try:
+            entry.ParseFromString(bytes(buffer[_LENGTH.size : _LENGTH.size + size]))
+        except DecodeError as exc:
+            yield Corrupt(offset, f"invalid entry: {exc}")
+            return
+        del buffer[: _LENGTH.size + size]
+        offset += _LENGTH.size + size
+        yield entry
 
 
-def _read_exactly(reader: zstandard.ZstdDecompressionReader, size: int) -> bytes:
-    chunks: list[bytes] = []
-    remaining = size
-    while remaining:
-        chunk = reader.read(remaining)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)
+def _decompressed(path: Path, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+    """The decompressed content, across zstd frames, including a last frame that was never finished
+    (everything flushed before a crash or a full disk is there)."""
+    dctx = zstandard.ZstdDecompressor()
+    with path.open("rb") as raw:
+        obj = dctx.decompressobj()
+        fed = False  # input given to the current frame
+        while chunk := raw.read(chunk_bytes):
+            while chunk:
+                fed = True
+                out = obj.decompress(chunk)
+                if out:
+                    yield out
+                if obj.eof:
+                    chunk = obj.unused_data
+                    obj = dctx.decompressobj()
+                    fed = False
+                else:
+                    chunk = b""
+        if fed:
+            raise _Unfinished
+
+
+class _Unfinished(Exception):
+    """The content ends inside a zstd frame."""
