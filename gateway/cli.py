@@ -139,9 +139,9 @@ def _replay(args: argparse.Namespace) -> int:
 
     from gateway.capture import replay as rp
 
-    speed_text = args.speed.lower().removesuffix("x")
+    speed_text = args.speed.lower()
     try:
-        speed = None if speed_text == "max" else float(speed_text)
+        speed = None if speed_text == "max" else float(speed_text.removesuffix("x"))
     except ValueError:
         speed = -1.0
     if speed is not None and not speed > 0:
@@ -173,7 +173,7 @@ def _replay(args: argparse.Namespace) -> int:
     print(summary.to_json() if args.json else rp.summary_text(summary))
     if args.record_decisions is not None:
         rp.write_decisions(decisions, args.record_decisions)
-    failed = summary.lost > 0
+    failed = summary.lost > 0 or bool(summary.stopped_early)
     if golden is not None:
         differences = rp.compare_decisions(golden, decisions)
         for difference in differences[:50]:

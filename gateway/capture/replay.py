@@ -91,6 +91,7 @@ class ReplaySummary:
     latency_ms: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
     requests_per_s: float = 0.0
+    stopped_early: str = ""  # why sending stopped before the end of the capture, if it did
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -176,10 +177,9 @@ class _Replayer:
             sock.close(0)
             ctx.term()
         self.summary.seconds = time.monotonic() - started
-        for decision in self.decisions.values():
-            if not decision.outcome:
-                decision.outcome = "lost"
-                self.summary.lost += 1
+        self.summary.lost = self.outstanding
+        for sent_id in self.sent_at:
+            self.decisions[self.original_of[sent_id]].outcome = "lost"
         if self.options.progress is not None:
             self.options.progress.write("\n")
         return list(self.decisions.values())
@@ -194,7 +194,14 @@ class _Replayer:
                     await asyncio.sleep(delay)
             while self.outstanding >= self.options.window:
                 self._room.clear()
-                await self._room.wait()
+                try:
+                    await asyncio.wait_for(self._room.wait(), timeout=self.options.timeout_s)
+                except TimeoutError:
+                    waited, flying = self.options.timeout_s, self.outstanding
+                    self.summary.stopped_early = (
+                        f"no answer for {waited:g} s with {flying} requests in flight"
+                    )
+                    return
             await sock.send_multipart(self._frames(item))
             self.summary.batches_sent += 1
             self._show(started)
@@ -249,20 +256,19 @@ class _Replayer:
 
     def _on_ack(self, ack: pb.Ack) -> None:
         for rid in ack.duplicate_ids:
-            decision = self._settle(rid)
+            decision, _ = self._settle(rid)
             if decision is not None:
                 decision.outcome = "duplicate"
                 self.summary.duplicates += 1
         for nack in ack.nacks:
-            decision = self._settle(nack.request_id)
+            decision, _ = self._settle(nack.request_id)
             if decision is not None:
                 reason = labels.NACK.get(nack.reason, "other")
                 decision.outcome, decision.reason = "nack", reason
                 self.summary.nacked_by_reason[reason] = self.summary.nacked_by_reason.get(reason, 0) + 1
 
     def _on_response(self, response: pb.InferResponse) -> None:
-        sent = self.sent_at.get(response.request_id)
-        decision = self._settle(response.request_id)
+        decision, sent = self._settle(response.request_id)
         if decision is None:
             return
         status = labels.STATUS.get(response.status, "other")
@@ -275,19 +281,20 @@ class _Replayer:
         self.summary.answered_by_status[status] = self.summary.answered_by_status.get(status, 0) + 1
         key = f"{decision.tier or '-'}/{decision.pool or '-'}"
         self.summary.by_tier_pool[key] = self.summary.by_tier_pool.get(key, 0) + 1
-        if sent is not None:
-            self.latencies.append(time.monotonic() - sent)
+        self.latencies.append(time.monotonic() - sent)
 
-    def _settle(self, sent_id: bytes) -> Decision | None:
-        original = self.original_of.get(sent_id)
-        decision = None if original is None else self.decisions.get(original)
-        if decision is None or decision.outcome:
-            return None  # unknown, or already answered (a duplicate answer is not counted twice)
+    def _settle(self, sent_id: bytes) -> tuple[Decision | None, float]:
+        """The decision a first answer for ``sent_id`` settles, and when it was sent; (None, 0) for an
+        unknown id or a second answer (never counted twice). A capture replayed several times settles its
+        original id's decision once per pass: the last pass's outcome is the one kept."""
+        sent = self.sent_at.pop(sent_id, None)
+        original = self.original_of.pop(sent_id, None)
+        if sent is None or original is None:
+            return None, 0.0
         self.outstanding -= 1
-        self.sent_at.pop(sent_id, None)
         if self.outstanding < self.options.window:
             self._room.set()
-        return decision
+        return self.decisions[original], sent
 
     def _show(self, started: float) -> None:
         out = self.options.progress
@@ -388,6 +395,8 @@ def summary_text(summary: ReplaySummary) -> str:
     ]
     skipped = {**summary.skipped_by_kind, "undecodable": summary.undecodable, "corrupt": summary.corrupt}
     lines.append(f"  not replayed: {_counts({k: v for k, v in skipped.items() if v})}")
+    if summary.stopped_early:
+        lines.append(f"  STOPPED EARLY: {summary.stopped_early}")
     return "\n".join(lines)
 
 

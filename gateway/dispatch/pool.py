@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import structlog
 
 from edgewire import labels, pb
-from gateway.backends.base import Backend, BackendError, BackendHealth, InferCall, ModelSpec
+from gateway.backends.base import Backend, BackendError, BackendHealth, InferCall, InferResult, ModelSpec
 from gateway.config import PoolDispatch
 from gateway.dispatch.breaker import BreakerState, CircuitBreaker
 from gateway.dispatch.cpu import CpuStage
@@ -303,7 +305,7 @@ class PoolDispatcher:
         )
         self._metrics.child(self._metrics.batch_size, self.name).observe(len(kept))
         try:
-            result = await self.backend.infer(call)
+            result = await self._infer(call, spec)
         except BackendError as exc:
             self._account_failure(exc, time.perf_counter() - t_infer)
             self._fail(kept, exc)
@@ -334,6 +336,23 @@ class PoolDispatcher:
             postprocess_us=int((time.perf_counter() - t_post) * 1e6),
         )
         self._answer(kept, outputs, model, result.model_version, timing, started=now)
+
+    async def _infer(self, call: InferCall, spec: ModelSpec) -> InferResult:
+        """One backend call, or several in turn when the batch has more rows than the model takes.
+
+        Requests can carry many rows each (ranking candidates), and a pool may batch more requests than a
+        model's ``max_batch_size``: the rows are cut into calls of at most that many and the outputs joined.
+        """
+        limit = spec.max_batch_size
+        rows = next(iter(call.inputs.values())).shape[0] if call.inputs and limit > 0 else 0
+        if rows <= limit or limit <= 0:
+            return await self.backend.infer(call)
+        parts = []
+        for start in range(0, rows, limit):
+            chunk = {name: array[start : start + limit] for name, array in call.inputs.items()}
+            parts.append(await self.backend.infer(dataclasses.replace(call, inputs=chunk)))
+        outputs = {name: np.concatenate([p.outputs[name] for p in parts]) for name in parts[0].outputs}
+        return InferResult(outputs=outputs, model_version=parts[0].model_version)
 
     def _succeeded(self, infer_s: float, items: int) -> None:
         self.breaker.success()

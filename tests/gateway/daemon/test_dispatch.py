@@ -197,3 +197,25 @@ async def test_drain_deadline_answers_unfinished_batches(models_dir: Path) -> No
     assert {r.status for r in responses} == {pb.STATUS_UNAVAILABLE}
     assert all(r.retry_after_ms > 0 for r in responses)
     assert agent.duplicate_responses == 0
+
+
+async def test_batch_larger_than_the_model_takes_is_split_into_calls(models_dir: Path) -> None:
+    """A pool batching 128 requests for a model that takes 64 rows answers all of them, in several calls."""
+    overrides = split_backends(models_dir)
+    overrides["pools"]["cpu"] = {
+        "backend": "embedded",
+        "max_batch_size": 128,
+        "preferred_batch_sizes": [128],
+        "max_queue_delay_us": 200_000,
+    }
+    for pool in overrides["routing"]["pools"]:
+        pool["max_queue_depth"] = 1000
+    async with run_gateway(models_dir=models_dir, **overrides) as gw, WireClient(gw.endpoint("hgc")) as agent:
+        texts = synthetic(128, seed=41, kind=pb.REQUEST_KIND_TEXT)
+        for request in texts:
+            request.complexity_hint = 0.0  # the CPU pool
+        responses = await agent.infer(texts)
+        embedded = backend(gw, "embedded")
+    assert len(texts) == 128
+    assert all(r.status == pb.STATUS_OK for r in responses), {r.error_message for r in responses}
+    assert embedded.rows == 128 and embedded.calls >= 2
