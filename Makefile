@@ -13,6 +13,7 @@ bench:
 	.venv/bin/python -m bench.routing_bench --write
 	.venv/bin/python -m bench.gateway_bench --write
 	.venv/bin/python -m bench.agent_bench --write
+	.venv/bin/python -m bench.replay_bench --write
 
 proto:
 	.venv/bin/python scripts/gen_proto.py
