@@ -196,3 +196,35 @@ async def test_replay_against_a_silent_peer_stops_and_reports_instead_of_hanging
         ctx.term()
     assert summary.stopped_early and summary.lost == summary.requests_sent >= 20
     assert {d.outcome for d in decisions} == {"lost"}
+
+
+async def test_cli_replay_as_a_curve_agent(captured: Path, tmp_path: Path) -> None:
+    """--as-agent/--server-key: the whole capture replays over CURVE as that agent, from its key's region."""
+    import shutil
+
+    from gateway.ingress.auth import write_keypair
+
+    _, server_secret = write_keypair(tmp_path / "server", "gateway")
+    agent_public, agent_secret = write_keypair(
+        tmp_path / "agent", "edge-eu-west-1", {"agent-id": "edge-eu-west-1", "region": "eu-west"}
+    )
+    (tmp_path / "authorized").mkdir()
+    shutil.copy(agent_public, tmp_path / "authorized" / agent_public.name)
+    security = {
+        "mode": "curve",
+        "server_secret_key": str(server_secret),
+        "authorized_agents": str(tmp_path / "authorized"),
+    }
+    files = [str(p) for p in capture_files(captured)]
+    async with run_gateway(models_dir=captured / "models", security=security, **gateway_overrides()) as gw:
+        args = ["replay", *files, "--to", gw.endpoint("tgt"), "--speed", "max", "--json"]
+        args += ["--as-agent", str(agent_secret), "--server-key", str(server_secret.with_suffix(".key"))]
+        code = await _run_cli(args)
+        regions = {
+            labels["region"]
+            for metric in gw.metrics.requests.collect()
+            for sample in metric.samples
+            if (labels := sample.labels) and sample.value
+        }
+    assert code == 0
+    assert regions == {"eu-west"}
