@@ -5,8 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
-# Debian packages the test suite uses (real tools, not fakes): promtool comes with prometheus.
-APT_PACKAGES=(${HKEG_APT_PACKAGES:-iproute2 util-linux prometheus})
+# Debian packages the test suite uses (real tools, not fakes): promtool comes with prometheus,
+# systemd-analyze with systemd.
+APT_PACKAGES=(${HKEG_APT_PACKAGES:-iproute2 util-linux prometheus systemd})
 
 if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
     echo "setup: need Python >= 3.11 as \$PYTHON (found $("$PYTHON" --version 2>&1))" >&2
