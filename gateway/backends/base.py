@@ -10,11 +10,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
 from routing.types import Priority
+
+V = TypeVar("V")
 
 
 class BackendHealth(enum.StrEnum):
@@ -51,6 +53,23 @@ class ModelSpec:
             if spec.name == name:
                 return spec
         raise KeyError(f"model {self.name} has no output {name}")
+
+
+@dataclass(frozen=True, slots=True)
+class ServedVersions(Generic[V]):
+    """The model versions a backend serves at one moment, with its default version per model.
+
+    Replaced whole, never changed in place: a call that found its entry keeps it while a reload swaps in
+    the next set. ``V`` is what the backend keeps per version (a session, a remote model's spec, ...).
+    """
+
+    entries: Mapping[tuple[str, str], V]  # (model, version) -> the backend's entry
+    defaults: Mapping[str, str]  # model -> the version an empty version means
+
+    def find(self, model: str, version: str) -> V | None:
+        """The entry of a version ("" = the model's default), or None."""
+        chosen = self.defaults.get(model) if version == "" else version
+        return None if chosen is None else self.entries.get((model, chosen))
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,6 +38,7 @@ from gateway.backends.base import (
     InferResult,
     ModelNotFound,
     ModelSpec,
+    ServedVersions,
 )
 from gateway.backends.modelrepo import ModelRepositoryError, spec_from_config
 from routing.types import Priority
@@ -144,21 +145,6 @@ class _Model:
     priority_levels: int
 
 
-@dataclass(frozen=True, slots=True)
-class _Served:
-    """What the server serves at one moment; replaced whole, never changed in place."""
-
-    models: Mapping[tuple[str, str], _Model]
-    defaults: Mapping[str, str]
-
-    def find(self, name: str, version: str) -> _Model | None:
-        chosen = self.defaults.get(name) if version == "" else version
-        return None if chosen is None else self.models.get((name, chosen))
-
-
-_NOTHING: Final = _Served({}, {})
-
-
 class KServeBackend:
     """A remote KServe v2 gRPC server behind a pool; see the module docstring.
 
@@ -180,7 +166,7 @@ class KServeBackend:
         self._clock = clock
         self._clients: list[Any] = []  # tritonclient.grpc.aio.InferenceServerClient (no type information)
         self._next = itertools.count()
-        self._served = _NOTHING
+        self._served: ServedVersions[_Model] = ServedVersions({}, {})
         self._server_ready = False
         self._ready_models: frozenset[tuple[str, str]] = frozenset()
         self._health_task: asyncio.Task[None] | None = None
@@ -271,7 +257,7 @@ class KServeBackend:
 
     def models(self) -> list[ModelSpec]:
         """Every served model version's spec."""
-        return [m.spec for m in self._served.models.values()]
+        return [m.spec for m in self._served.entries.values()]
 
     def health(self) -> BackendHealth:
         """SERVING while the server is ready and at least one of its models is."""
@@ -304,16 +290,16 @@ class KServeBackend:
                 and m.version
                 and (not self.options.models or m.name in self.options.models)
             }
-            if listed != set(self._served.models):
+            if listed != set(self._served.entries):
                 self._served = await self._read_models(client, listed, headers)
             ready = await asyncio.gather(
                 *(
                     client.is_model_ready(name, version, headers=headers, client_timeout=timeout)
-                    for name, version in self._served.models
+                    for name, version in self._served.entries
                 )
             )
             self._ready_models = frozenset(
-                key for key, ok in zip(self._served.models, ready, strict=True) if ok
+                key for key, ok in zip(self._served.entries, ready, strict=True) if ok
             )
         except (InferenceServerException, ModelRepositoryError) as exc:
             self.refresh_failures += 1
@@ -336,10 +322,10 @@ class KServeBackend:
 
     async def _read_models(
         self, client: Any, listed: set[tuple[str, str]], headers: dict[str, str] | None
-    ) -> _Served:
+    ) -> ServedVersions[_Model]:
         models: dict[tuple[str, str], _Model] = {}
         for name, version in sorted(listed):
-            previous = self._served.models.get((name, version))
+            previous = self._served.entries.get((name, version))
             if previous is not None:
                 models[(name, version)] = previous
                 continue
@@ -360,12 +346,12 @@ class KServeBackend:
                 continue  # a pinned version that is not loaded is not served as another one
             if name not in defaults or int(version) > int(defaults[name]):
                 defaults[name] = version
-        added = sorted(set(models) - set(self._served.models))
+        added = sorted(set(models) - set(self._served.entries))
         if added:
             _log.info(
                 f"{self.dialect.kind} models found", backend=self.name, models=[f"{m}/{v}" for m, v in added]
             )
-        return _Served(models, defaults)
+        return ServedVersions(models, defaults)
 
     async def _check_periodically(self) -> None:
         while True:

@@ -22,6 +22,7 @@ from gateway.backends.base import (
     InferResult,
     ModelNotFound,
     ModelSpec,
+    ServedVersions,
     register,
 )
 from gateway.backends.modelrepo import (
@@ -57,6 +58,7 @@ class NullBackend:
         )
         self._specs: dict[tuple[str, str], ModelSpec] = {}
         self._defaults: dict[str, str] = {}
+        self._served = ServedVersions(self._specs, self._defaults)  # views of the two dicts start() fills
         self._started = False
         self._closed = False
 
@@ -97,8 +99,7 @@ class NullBackend:
 
     def model(self, name: str, version: str = "") -> ModelSpec | None:
         """The spec of a served model version ("" = the default), or None."""
-        chosen = self._defaults.get(name) if version == "" else version
-        return None if chosen is None else self._specs.get((name, chosen))
+        return self._served.find(name, version)
 
     def models(self) -> list[ModelSpec]:
         """Every served model version's spec."""

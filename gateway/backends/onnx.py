@@ -30,6 +30,7 @@ from gateway.backends.base import (
     InferResult,
     ModelNotFound,
     ModelSpec,
+    ServedVersions,
     register,
 )
 from gateway.backends.modelrepo import (
@@ -104,18 +105,6 @@ class _Loaded:
     output_names: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class _Served:
-    """What the backend serves at one moment; replaced whole, never changed in place."""
-
-    sessions: Mapping[tuple[str, str], _Loaded]
-    defaults: Mapping[str, str]
-
-    def find(self, model: str, version: str) -> _Loaded | None:
-        chosen = self.defaults.get(model) if version == "" else version
-        return None if chosen is None else self.sessions.get((model, chosen))
-
-
 class OnnxBackend:
     """ONNX Runtime on CPU, on a thread pool of ``threads`` workers, serving a model repository.
 
@@ -131,7 +120,7 @@ class OnnxBackend:
         self._repository = ModelRepository(
             options.repository, pins=options.pins, max_models=options.max_models
         )
-        self._served: _Served | None = None
+        self._served: ServedVersions[_Loaded] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._rescan_task: asyncio.Task[None] | None = None
         self._reload_lock = asyncio.Lock()
@@ -192,11 +181,11 @@ class OnnxBackend:
 
     def models(self) -> list[ModelSpec]:
         """Every served model version's spec."""
-        return [] if self._served is None else [loaded.spec for loaded in self._served.sessions.values()]
+        return [] if self._served is None else [loaded.spec for loaded in self._served.entries.values()]
 
     def health(self) -> BackendHealth:
         """SERVING once started with at least one model, until closed."""
-        if self._closed or self._served is None or not self._served.sessions:
+        if self._closed or self._served is None or not self._served.entries:
             return BackendHealth.NOT_SERVING
         return BackendHealth.SERVING
 
@@ -226,7 +215,9 @@ class OnnxBackend:
             ) from exc
         return dict(zip(loaded.output_names, results, strict=True))
 
-    def _rescan(self, current: _Served | None) -> tuple[RepositoryChange, _Served]:
+    def _rescan(
+        self, current: ServedVersions[_Loaded] | None
+    ) -> tuple[RepositoryChange, ServedVersions[_Loaded]]:
         """Runs on a worker thread: scan, load sessions for new versions, reuse the rest."""
         self._repository.scan()
         sessions: dict[tuple[str, str], _Loaded] = {}
@@ -237,16 +228,16 @@ class OnnxBackend:
                 key = (name, str(version))
                 # Calls run as they come (no server batching): the gateway batches, whatever the config says.
                 spec = dataclasses.replace(entry.spec(version), server_batching=False)
-                previous = None if current is None else current.sessions.get(key)
+                previous = None if current is None else current.entries.get(key)
                 if previous is not None and previous.spec == spec:
                     sessions[key] = previous
                 else:
                     sessions[key] = self._load(entry.config, spec, entry.model_path(version))
-        before = set() if current is None else set(current.sessions)
+        before = set() if current is None else set(current.entries)
         change = RepositoryChange(
             added=tuple(sorted(sessions.keys() - before)), removed=tuple(sorted(before - sessions.keys()))
         )
-        return change, _Served(sessions, defaults)
+        return change, ServedVersions(sessions, defaults)
 
     def _load(self, config: Any, spec: ModelSpec, path: Path) -> _Loaded:
         config_path = path.parents[1] / "config.pbtxt"
