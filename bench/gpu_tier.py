@@ -32,10 +32,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from google.protobuf import text_format
 
 from bench.report import machine, table, update_section
 from edgewire import new_id, now_unix_us, pb
 from gateway.backends.base import ModelSpec
+from gateway.backends.modelrepo import config_from_spec
 from gateway.config import default_section, validate
 from gateway.configfile import merge_tables
 from gateway.pipeline.tensor import tensor_from_array
@@ -205,26 +207,11 @@ async def gateway_point(model: str, spec: ModelSpec, backend: dict[str, Any], ba
 
 def null_repository(root: Path, specs: dict[str, ModelSpec]) -> None:
     """Config files for the null backend (``--backend null``): the GPU models' specs, no weights."""
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2 as mc
-
     for spec in specs.values():
-        config = mc.ModelConfig(name=spec.name, max_batch_size=spec.max_batch_size, backend="onnxruntime")
-        for t in spec.inputs:
-            config.input.add(name=t.name, data_type=_triton_type(t.dtype), dims=list(t.dims))
-        for t in spec.outputs:
-            config.output.add(name=t.name, data_type=_triton_type(t.dtype), dims=list(t.dims))
-        config.parameters["pipeline"].string_value = spec.pipeline
         (root / spec.name / "1").mkdir(parents=True, exist_ok=True)
+        config = config_from_spec(spec, backend="onnxruntime")
         (root / spec.name / "config.pbtxt").write_text(text_format.MessageToString(config))
         (root / spec.name / "1" / "model.onnx").write_bytes(b"")
-
-
-def _triton_type(dtype: str) -> int:
-    from tritonclient.grpc import model_config_pb2 as mc
-
-    names = {"int64": "TYPE_INT64", "float16": "TYPE_FP16", "float32": "TYPE_FP32"}
-    return int(mc.DataType.Value(names[dtype]))
 
 
 def null_specs() -> dict[str, ModelSpec]:

@@ -29,6 +29,7 @@ from tritonclient.grpc import service_pb2 as kserve
 from tritonclient.utils import np_to_triton_dtype, triton_to_np_dtype
 
 from gateway.backends.base import BackendError, InferCall, ModelSpec
+from gateway.backends.modelrepo import config_from_spec
 from gateway.backends.onnx import OnnxBackend, OnnxOptions
 from routing.types import Priority
 
@@ -170,19 +171,7 @@ class KServeModels:
             results[i] = {name: parts[j] for name, parts in split.items()}
 
     def _config(self, spec: ModelSpec) -> Any:
-        from tritonclient.grpc import model_config_pb2 as mc
-
-        config = mc.ModelConfig(name=spec.name, max_batch_size=spec.max_batch_size, backend="rayserve")
-        for spec_tensor in spec.inputs:
-            config.input.add(
-                name=spec_tensor.name, data_type=_data_type(spec_tensor.dtype), dims=spec_tensor.dims
-            )
-        for spec_tensor in spec.outputs:
-            config.output.add(
-                name=spec_tensor.name, data_type=_data_type(spec_tensor.dtype), dims=spec_tensor.dims
-            )
-        for key, value in spec.parameters.items():
-            config.parameters[key].string_value = value
+        config = config_from_spec(spec, backend="rayserve")
         # This deployment batches (``@serve.batch``): say so, and the gateway sends requests one by one.
         config.dynamic_batching.max_queue_delay_microseconds = self._batch_wait_us
         return config
@@ -217,12 +206,6 @@ def _chunks(members: list[int], rows: list[int], limit: int) -> list[list[int]]:
         chunks[-1].append(member)
         total += n
     return chunks
-
-
-def _data_type(dtype: str) -> int:
-    from tritonclient.grpc import model_config_pb2 as mc
-
-    return int(mc.DataType.Value("TYPE_" + np_to_triton_dtype(np.dtype(dtype))))
 
 
 def build_app(args: Mapping[str, Any]) -> Any:

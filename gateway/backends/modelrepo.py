@@ -50,6 +50,7 @@ NUMPY_DTYPES: Final[Mapping[str, str]] = {
 }
 
 
+_TRITON_TYPES: Final = {numpy: triton for triton, numpy in NUMPY_DTYPES.items()}
 REPOSITORY_OPTIONS: Final = frozenset({"repository", "pins", "max_models"})
 
 
@@ -265,6 +266,21 @@ def spec_from_config(config: ModelConfig, version: str, path: Path) -> ModelSpec
         server_batching=config.HasField("dynamic_batching"),
         parameters=parameters,
     )
+
+
+def config_from_spec(spec: ModelSpec, *, backend: str) -> ModelConfig:
+    """A ModelConfig that :func:`spec_from_config` reads back as ``spec`` (for servers and tools that
+    describe models they hold as specs, e.g. deploy/rayserve's ModelConfig answers)."""
+    config = model_config_pb2.ModelConfig(name=spec.name, max_batch_size=spec.max_batch_size, backend=backend)
+    for tensors, target in ((spec.inputs, config.input), (spec.outputs, config.output)):
+        for tensor in tensors:
+            data_type = model_config_pb2.DataType.Value(_TRITON_TYPES[tensor.dtype])
+            target.add(name=tensor.name, data_type=data_type, dims=list(tensor.dims))
+    for key, value in sorted({**spec.parameters, "pipeline": spec.pipeline}.items()):
+        config.parameters[key].string_value = value
+    if spec.server_batching:
+        config.dynamic_batching.SetInParent()
+    return config
 
 
 def model_filename(config: ModelConfig) -> str:

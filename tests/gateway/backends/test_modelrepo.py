@@ -7,8 +7,14 @@ from pathlib import Path
 import pytest
 
 from gateway.backends.base import ModelSpec, TensorSpec
-from gateway.backends.modelrepo import ModelRepository, ModelRepositoryError, RepositoryOptions
-from gateway.models import write_demo_repository, write_model_version
+from gateway.backends.modelrepo import (
+    ModelRepository,
+    ModelRepositoryError,
+    RepositoryOptions,
+    config_from_spec,
+    spec_from_config,
+)
+from gateway.models import DEMO_MODELS, demo_config, write_demo_repository, write_model_version
 
 TESTDATA = Path(__file__).parent / "testdata"
 BAD_CONFIGS = sorted(TESTDATA.glob("*.pbtxt"))
@@ -187,3 +193,10 @@ def test_options_refuse_a_bad_pin() -> None:
     """Pins must map names to versions."""
     with pytest.raises(ValueError, match="'pins'"):
         RepositoryOptions.from_mapping("cpu", {"repository": "/x", "pins": ["rank-mlp"]}, required=True)
+
+
+@pytest.mark.parametrize("model", DEMO_MODELS)
+def test_config_from_spec_reads_back_as_the_same_spec(model: str) -> None:
+    """config_from_spec is spec_from_config's inverse (what deploy/rayserve answers for ModelConfig)."""
+    spec = spec_from_config(demo_config(model), "1", Path("x"))
+    assert spec_from_config(config_from_spec(spec, backend="rayserve"), "1", Path("x")) == spec
