@@ -163,6 +163,7 @@ class KServeBackend:
         self.name = name
         self.options = options
         self.dialect = dialect
+        self._headers = dict(dialect.headers()) or None  # the same for every call
         self._clock = clock
         self._clients: list[Any] = []  # tritonclient.grpc.aio.InferenceServerClient (no type information)
         self._next = itertools.count()
@@ -235,7 +236,7 @@ class KServeBackend:
                 # comes back at the deadline, not after the work is done for nobody.
                 timeout=max(1, int(timeout_s * 1e6)),
                 client_timeout=timeout_s,
-                headers=dict(self.dialect.headers()) or None,
+                headers=self._headers,
             )
         except InferenceServerException as exc:
             raise self.dialect.error(_answer(exc), call) from None
@@ -270,7 +271,7 @@ class KServeBackend:
         if not self._clients:
             return
         client = self._clients[0]
-        headers = dict(self.dialect.headers()) or None
+        headers = self._headers
         timeout = self.options.control_timeout_s
         try:
             # Every connection is asked, so that each one reconnects after a server restart before it is

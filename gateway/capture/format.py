@@ -19,11 +19,16 @@ from typing import Final, TypeAlias
 import zstandard
 from google.protobuf.message import DecodeError
 
+from edgewire import CodecLimits, DictionaryStore, FrameCodec
 from edgewire.pb.edgeinfer.v1 import capture_pb2 as cpb
 
 MAGIC: Final = "hk-edge-gateway capture"
 FORMAT_VERSION: Final = 1
 SUFFIX: Final = ".hkcap"
+# Captured frames were within the capturing gateway's limits (or were refused there): read them generously.
+READ_LIMITS: Final = CodecLimits(
+    max_frame_bytes=64 << 20, max_decompressed_bytes=256 << 20, max_records=1 << 16
+)
 MAX_ENTRY_BYTES: Final = 128 << 20  # larger than any frame the gateway accepts, plus its record fields
 _LENGTH: Final = struct.Struct("<I")
 
@@ -89,6 +94,14 @@ class CaptureFile:
         self._zstd.write(data)
         self.uncompressed_bytes += _LENGTH.size + len(data)
         return _LENGTH.size + len(data)
+
+
+def reader_codec(header: cpb.CaptureHeader | None) -> FrameCodec:
+    """A codec that decodes a file's captured frames: generous limits, the dictionaries its header holds."""
+    store = DictionaryStore()
+    for dictionary in header.dictionaries if header is not None else ():
+        store.add(dictionary.data, prefer=False)
+    return FrameCodec(READ_LIMITS, store)
 
 
 def read_header(path: Path) -> cpb.CaptureHeader | None:

@@ -9,9 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgewire import DictionaryStore, FrameCodec, FrameError, labels, pb
-from gateway.capture.format import Corrupt, read_capture, read_header
-from gateway.capture.replay import READ_LIMITS
+from edgewire import FrameError, labels, pb
+from gateway.capture.format import Corrupt, read_capture, read_header, reader_codec
 
 _KIND = {
     pb.REQUEST_KIND_RANKING: "ranking",
@@ -63,12 +62,8 @@ def inspect(paths: Sequence[Path]) -> CaptureStats:
     for path in paths:
         stats.files += 1
         header = read_header(path)
-        store = DictionaryStore()
-        if header is not None:
-            stats.redacted_files += int(header.redacted)
-            for d in header.dictionaries:
-                store.add(d.data, prefer=False)
-        codec = FrameCodec(READ_LIMITS, store)
+        stats.redacted_files += int(header is not None and header.redacted)
+        codec = reader_codec(header)
         for entry in read_capture(path):
             if isinstance(entry, Corrupt):
                 stats.corrupt.append(f"{path}: offset {entry.offset}: {entry.reason}")

@@ -127,11 +127,12 @@ class CaptureRecorder:
 
     def offer(self, carrier: str, agent_id: str, region: str, frames: Sequence[bytes | memoryview]) -> None:
         """Queue one received message if capture is on; drop and count it when the queue is full."""
+        if not self._until:  # off: the common case costs one comparison
+            return
         now = self._clock()
         if now >= self._until:
-            if self._until:
-                self._until = 0.0
-                self._metrics.capture_active.set(0)
+            self._until = 0.0
+            self._metrics.capture_active.set(0)
             return
         size = sum(len(f) for f in frames)
         with self._bytes_lock:
@@ -199,16 +200,16 @@ class CaptureRecorder:
         if self._file is None and not self._open():
             self._counters[DROPPED_WRITE_ERROR].inc()
             return
-        assert self._file is not None
-        before = self._file.compressed_bytes
-        if not self._guarded(lambda: self._file.append(record) if self._file else None):
+        file = self._file
+        assert file is not None
+        before = file.compressed_bytes
+        if not self._guarded(lambda: file.append(record)):
             self._counters[DROPPED_WRITE_ERROR].inc()
             return
         self._counters[WRITTEN].inc()
-        if self._file is not None:
-            self._metrics.capture_bytes.inc(max(0, self._file.compressed_bytes - before))
-            if self._file.compressed_bytes >= self.config.max_file_bytes:
-                self._rotate()
+        self._metrics.capture_bytes.inc(max(0, file.compressed_bytes - before))
+        if file.compressed_bytes >= self.config.max_file_bytes:
+            self._rotate()
 
     def _guarded(self, action: Callable[[], object]) -> bool:
         """Run a file operation; on OSError drop the file and pause new ones for ``retry_after_s``."""

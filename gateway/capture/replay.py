@@ -28,14 +28,10 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from edgewire import CodecLimits, DictionaryStore, FrameCodec, FrameError, labels, new_id, now_unix_us, pb
+from edgewire import FrameCodec, FrameError, labels, new_id, now_unix_us, pb
 from edgewire.pb.edgeinfer.v1 import capture_pb2 as cpb
-from gateway.capture.format import Corrupt, read_capture, read_header
+from gateway.capture.format import READ_LIMITS, Corrupt, read_capture, read_header, reader_codec
 
-# Captured frames were within the capturing gateway's limits (or were refused there): read them generously.
-READ_LIMITS: Final = CodecLimits(
-    max_frame_bytes=64 << 20, max_decompressed_bytes=256 << 20, max_records=1 << 16
-)
 DECISION_FIELDS: Final = ("outcome", "status", "tier", "pool", "reason")
 _TIER: Final = {
     pb.TIER_EDGE_DEVICE: "edge_device",
@@ -111,11 +107,7 @@ def captured_batches(paths: Sequence[Path], summary: ReplaySummary) -> Iterator[
     ordered = sorted(paths, key=lambda p: (h.created_unix_us if (h := read_header(p)) else 0, str(p)))
     for path in ordered:
         summary.files += 1
-        header = read_header(path)
-        store = DictionaryStore()
-        for d in header.dictionaries if header else ():
-            store.add(d.data, prefer=False)
-        codec = FrameCodec(READ_LIMITS, store)
+        codec = reader_codec(read_header(path))
         for entry in read_capture(path):
             if isinstance(entry, Corrupt):
                 summary.corrupt += 1
