@@ -41,6 +41,7 @@ from gateway.backends.base import (
     ServedVersions,
 )
 from gateway.backends.modelrepo import ModelRepositoryError, spec_from_config
+from gateway.backends.options import integer, refuse_unknown, seconds
 from routing.types import Priority
 
 _log = structlog.get_logger(__name__)
@@ -69,9 +70,7 @@ class KServeOptions:
     ) -> KServeOptions:
         """Read a config section; unknown keys and bad values are a ValueError naming the key."""
         known = _OPTIONS | extra
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ValueError(f"backend {backend!r}: unknown option {unknown[0]!r}; known: {sorted(known)}")
+        refuse_unknown(backend, options, known)
         where = f"backend {backend!r}: option"
         url = options.get("url")
         if not isinstance(url, str) or ":" not in url or "://" in url:
@@ -85,17 +84,14 @@ class KServeOptions:
             for k, v in pins.items()
         ):
             raise ValueError(f"{where} 'pins' must map model names to numeric versions, got {pins!r}")
-        channels = options.get("channels", 2)
-        if not isinstance(channels, int) or isinstance(channels, bool) or not 1 <= channels <= 64:
-            raise ValueError(f"{where} 'channels' must be an integer in 1..64, got {channels!r}")
         return cls(
             url=url,
-            channels=channels,
+            channels=integer(backend, options, "channels", 2, maximum=64),
             models=tuple(models),
             pins={k: str(v) for k, v in pins.items()},
-            health_interval_s=_seconds(where, options, "health_interval_s", 1.0),
-            call_timeout_s=_seconds(where, options, "call_timeout_s", 30.0),
-            control_timeout_s=_seconds(where, options, "control_timeout_s", 2.0),
+            health_interval_s=seconds(backend, options, "health_interval_s", 1.0),
+            call_timeout_s=seconds(backend, options, "call_timeout_s", 30.0),
+            control_timeout_s=seconds(backend, options, "control_timeout_s", 2.0),
         )
 
 
@@ -363,10 +359,3 @@ class KServeBackend:
 def _answer(exc: InferenceServerException) -> ServerAnswer:
     status = exc.status() or ""
     return ServerAnswer(code=status.removeprefix("StatusCode."), message=exc.message() or "")
-
-
-def _seconds(where: str, options: Mapping[str, Any], key: str, default: float) -> float:
-    value = options.get(key, default)
-    if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{where} {key!r} must be a number of seconds > 0, got {value!r}")
-    return float(value)

@@ -22,6 +22,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from gateway.backends.base import ModelSpec, TensorSpec
+from gateway.backends.options import integer
 
 ModelConfig: TypeAlias = Any  # model_config_pb2.ModelConfig; the package ships no type information
 
@@ -86,9 +87,7 @@ class RepositoryOptions:
             for k, v in pins.items()
         ):
             raise ValueError(f"{where} 'pins' must map model names to versions, got {pins!r}")
-        max_models = options.get("max_models", DEFAULT_MAX_MODELS)
-        if not isinstance(max_models, int) or isinstance(max_models, bool) or max_models < 1:
-            raise ValueError(f"{where} 'max_models' must be a positive integer, got {max_models!r}")
+        max_models = integer(backend, options, "max_models", DEFAULT_MAX_MODELS)
         return cls(
             repository=None if raw_path is None else Path(raw_path),
             pins={k: str(v) for k, v in pins.items()},

@@ -31,6 +31,7 @@ from gateway.backends.modelrepo import (
     RepositoryOptions,
     spec_from_config,
 )
+from gateway.backends.options import refuse_unknown
 from gateway.models.demo import DEMO_MODELS, demo_config
 
 _OPTIONS: Final = REPOSITORY_OPTIONS
@@ -117,8 +118,6 @@ class NullBackend:
 @register("null")
 def create_null_backend(name: str, options: Mapping[str, Any]) -> Backend:
     """Factory for ``type = "null"`` (benchmarks only): a :class:`NullBackend` from its config section."""
-    unknown = sorted(set(options) - _OPTIONS)
-    if unknown:
-        raise ValueError(f"backend {name!r}: unknown option {unknown[0]!r}; known: {sorted(_OPTIONS)}")
+    refuse_unknown(name, options, _OPTIONS)
     repo = RepositoryOptions.from_mapping(name, options, required=False)
     return NullBackend(name, repository=repo.repository, pins=repo.pins, max_models=repo.max_models)

@@ -40,6 +40,7 @@ from gateway.backends.modelrepo import (
     RepositoryChange,
     RepositoryOptions,
 )
+from gateway.backends.options import integer, refuse_unknown, seconds
 
 _log = structlog.get_logger(__name__)
 
@@ -79,9 +80,7 @@ class OnnxOptions:
     @classmethod
     def from_mapping(cls, backend: str, options: Mapping[str, Any]) -> OnnxOptions:
         """Read a config section; unknown keys and bad values are a ValueError naming the key."""
-        unknown = sorted(set(options) - _OPTIONS)
-        if unknown:
-            raise ValueError(f"backend {backend!r}: unknown option {unknown[0]!r}; known: {sorted(_OPTIONS)}")
+        refuse_unknown(backend, options, _OPTIONS)
         repo = RepositoryOptions.from_mapping(backend, options, required=True)
         assert repo.repository is not None  # required=True refused a missing one
         device = options.get("device", "cpu")
@@ -89,10 +88,10 @@ class OnnxOptions:
             raise ValueError(f"backend {backend!r}: option 'device' must be one of {DEVICES}, got {device!r}")
         return cls(
             repository=repo.repository,
-            threads=_positive_int(backend, options, "threads", 2),
-            intra_op_threads=_positive_int(backend, options, "intra_op_threads", 1),
+            threads=integer(backend, options, "threads", 2),
+            intra_op_threads=integer(backend, options, "intra_op_threads", 1),
             pins=repo.pins,
-            rescan_interval_s=_interval(backend, options, "rescan_interval_s", 5.0),
+            rescan_interval_s=seconds(backend, options, "rescan_interval_s", 5.0, zero_allowed=True),
             max_models=repo.max_models,
             device=device,
         )
@@ -343,17 +342,3 @@ def _deadline_exceeded(call: InferCall) -> BackendError:
         retryable=False,
         status="DEADLINE_EXCEEDED",
     )
-
-
-def _positive_int(backend: str, options: Mapping[str, Any], key: str, default: int) -> int:
-    value = options.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"backend {backend!r}: option {key!r} must be a positive integer, got {value!r}")
-    return value
-
-
-def _interval(backend: str, options: Mapping[str, Any], key: str, default: float) -> float:
-    value = options.get(key, default)
-    if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"backend {backend!r}: option {key!r} must be a number >= 0, got {value!r}")
-    return float(value)

@@ -32,6 +32,7 @@ from gateway.backends.base import (
     ModelSpec,
     register,
 )
+from gateway.backends.options import integer, refuse_unknown
 
 DTYPES: Final = ("float16", "bfloat16", "float32")
 _OPTIONS: Final = frozenset({"device", "dtype", "models", "threads"})
@@ -61,9 +62,7 @@ class TorchOptions:
     def from_mapping(cls, backend: str, options: Mapping[str, Any]) -> TorchOptions:
         """Read a config section; unknown keys and bad values are a ValueError naming the key."""
         where = f"backend {backend!r}: option"
-        unknown = sorted(set(options) - _OPTIONS)
-        if unknown:
-            raise ValueError(f"{where} {unknown[0]!r} is unknown; known: {sorted(_OPTIONS)}")
+        refuse_unknown(backend, options, _OPTIONS)
         models = options.get("models")
         if (
             not isinstance(models, Mapping)
@@ -77,9 +76,7 @@ class TorchOptions:
         device = options.get("device", "cuda:0")
         if not isinstance(device, str) or not device.startswith(("cuda", "cpu")):
             raise ValueError(f"{where} 'device' must be 'cuda', 'cuda:N' or 'cpu', got {device!r}")
-        threads = options.get("threads", 2)
-        if not isinstance(threads, int) or isinstance(threads, bool) or not 1 <= threads <= 16:
-            raise ValueError(f"{where} 'threads' must be an integer in 1..16, got {threads!r}")
+        threads = integer(backend, options, "threads", 2, maximum=16)
         return cls(models=dict(models), device=device, dtype=dtype, threads=threads)
 
 
