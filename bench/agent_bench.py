@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import json
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from bench.report import machine, stamp, table, update_section
 from edge_agent.client import EdgeClient
 from edge_agent.synthetic import SyntheticTraffic
 from edgewire import pb
+from gateway.testing_servers import free_port
 
 AGENT_TOML = """
 region = "us-west"
@@ -58,12 +58,6 @@ class AgentRun:
     seconds: float
     records_per_s: float
     frames_per_record: float
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def accepted(http_port: int) -> tuple[float, float]:

@@ -40,6 +40,15 @@ async def remote(triton: TritonServer) -> AsyncIterator[KServeBackend]:
     await backend.aclose()
 
 
+def assert_some_overloaded(results: list[object]) -> None:
+    """Some calls were served and every other one was refused as OVERLOADED (shed, not failed)."""
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert errors and len(errors) < len(results)
+    assert all(isinstance(e, BackendError) and e.overloaded and e.status == "OVERLOADED" for e in errors), (
+        errors
+    )
+
+
 def inputs(model: str, rows: int, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     if model == RANKING_MODEL:
@@ -210,9 +219,7 @@ async def test_full_triton_queue_is_overloaded(slow_triton: TritonServer) -> Non
         )
     finally:
         await remote.aclose()
-    errors = [r for r in results if isinstance(r, BaseException)]
-    assert errors and len(errors) < 6
-    assert all(isinstance(e, BackendError) and e.overloaded and e.status == "OVERLOADED" for e in errors)
+    assert_some_overloaded(results)
 
 
 async def test_killed_server_is_unavailable_then_serving_again(
