@@ -6,8 +6,8 @@ cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 # Debian packages the test suite uses (real tools, not fakes): promtool comes with prometheus,
-# systemd-analyze with systemd.
-APT_PACKAGES=(${HKEG_APT_PACKAGES:-iproute2 util-linux prometheus systemd})
+# systemd-analyze with systemd, pdns_server and pdnsutil (GeoDNS) with pdns-server and its backends.
+APT_PACKAGES=(${HKEG_APT_PACKAGES:-iproute2 util-linux prometheus systemd pdns-server pdns-backend-bind pdns-backend-geoip})
 
 if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
     echo "setup: need Python >= 3.11 as \$PYTHON (found $("$PYTHON" --version 2>&1))" >&2
@@ -24,6 +24,10 @@ if ((${#missing[@]})); then
         export DEBIAN_FRONTEND=noninteractive
         apt-get update -qq >/dev/null
         apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+        # The tests start their own pdns_server on loopback; a packaged one listening on :53 is not wanted.
+        if [[ -d /run/systemd/system ]] && systemctl list-unit-files pdns.service >/dev/null 2>&1; then
+            systemctl disable --now pdns.service >/dev/null 2>&1 || true
+        fi
     else
         echo "setup: missing Debian packages ${missing[*]}; install them as root" >&2
         exit 1

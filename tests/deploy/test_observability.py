@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import aiohttp
-import pytest
 
 from edge_agent.agent import EdgeAgent
 from gateway.testing import run_gateway, wait_for
@@ -86,11 +85,3 @@ async def test_dashboard_and_alerts_use_only_exported_metric_names(models_dir: P
     used |= set(METRIC.findall((DEPLOY / "prometheus" / "rules" / "hk-edge.rules.yml").read_text()))
     assert used, "no metric names found"
     assert used <= exported, sorted(used - exported)
-
-
-@pytest.fixture
-def models_dir(tmp_path: Path) -> Path:
-    from gateway.models.demo import write_demo_repository
-
-    write_demo_repository(tmp_path / "models")
-    return tmp_path / "models"

@@ -5,17 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from edge_agent.config import AgentConfig, load_config
-from gateway.models.demo import write_demo_repository
-
-
-@pytest.fixture(scope="session")
-def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("models")
-    write_demo_repository(root)
-    return root
 
 
 def agent_config(endpoints: dict[str, str], models: Path, spool: Path, **extra: Any) -> AgentConfig:

@@ -17,15 +17,6 @@ from tests.replay.support import gateway_overrides
 CASES = sorted(p for p in (Path(__file__).parent / "cases").iterdir() if p.is_dir())
 
 
-@pytest.fixture(scope="module")
-def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from gateway.models.demo import write_demo_repository
-
-    root = tmp_path_factory.mktemp("models")
-    write_demo_repository(root)
-    return root
-
-
 def load(case: Path) -> tuple[list[Path], dict[str, Any], dict[str, dict[str, str]]]:
     """A case's capture files, its case.json and its golden decisions."""
     files = sorted(case.glob(f"*{SUFFIX}"))

@@ -10,26 +10,26 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 
-def write_config(path: Path, models_dir: Path, extra: str = "") -> Path:
+def write_config(
+    path: Path, models_dir: Path, extra: str = "", binds: Mapping[str, str] | None = None
+) -> Path:
+    """A plaintext test gateway; carriers hgc, pccw, tgt at ``binds`` (default: free loopback ports)."""
+    binds = binds or {}
+    carriers = "".join(
+        f'[[carriers]]\nname = "{name}"\nbind = "{binds.get(name, "tcp://127.0.0.1:*")}"\n'
+        for name in ("hgc", "pccw", "tgt")
+    )
     path.write_text(
         f"""
 instance = "hk-gw-test"
 drain_timeout_s = 10.0
 drain_grace_s = 1.0
-[[carriers]]
-name = "hgc"
-bind = "tcp://127.0.0.1:*"
-[[carriers]]
-name = "pccw"
-bind = "tcp://127.0.0.1:*"
-[[carriers]]
-name = "tgt"
-bind = "tcp://127.0.0.1:*"
-[security]
+{carriers}[security]
 mode = "plaintext"
 [http]
 port = 0
