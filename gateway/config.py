@@ -133,6 +133,8 @@ class PoolDispatch(_Section):
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue_delay_us: int = Field(default=2000, ge=0)
     batching: bool = True  # off for backends that batch themselves (Triton dynamic_batching)
+    # Batch padded requests (text) only with others of their size bucket, so padding stays small.
+    group_by_size: bool = True
 
     @model_validator(mode="after")
     def _preferred_within_max(self) -> Self:

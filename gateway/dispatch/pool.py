@@ -28,6 +28,7 @@ from gateway.dispatch.cpu import CpuStage
 from gateway.dispatch.work import PRIORITY_ORDER, WorkItem
 from gateway.ops.metrics import GatewayMetrics
 from gateway.pipeline.base import Prepared
+from gateway.pipeline.registry import PADDED_PIPELINES
 from routing.types import PoolSignals
 
 log = structlog.get_logger("gateway.dispatch")
@@ -97,7 +98,8 @@ class PoolDispatcher:
         self._reroute = reroute
         self._observe = observe
         self._alpha = ewma_alpha
-        self._queues: dict[tuple[str, str], _ModelQueue] = {}
+        # One queue per (model, version, size group); the size group is 0 unless padding makes it matter.
+        self._queues: dict[tuple[str, str, int], _ModelQueue] = {}
         self._depth = 0
         self._inflight: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(concurrency)
@@ -135,7 +137,7 @@ class PoolDispatcher:
         if self._depth >= self.max_queue_depth:
             return False
         item.enqueued = now
-        key = (item.model, item.version)
+        key = (item.model, item.version, self._size_group(item))
         queue = self._queues.get(key)
         if queue is None:
             queue = self._queues[key] = _ModelQueue()
@@ -144,6 +146,18 @@ class PoolDispatcher:
         self._metrics.child(self._metrics.queue_depth, self.name).set(self._depth)
         self._wake.set()
         return True
+
+    def _size_group(self, item: WorkItem) -> int:
+        """The routing size bucket for a model whose pipeline pads (text), else 0: one batch, one bucket.
+
+        Text is padded to the batch's longest sequence; a 10-token query batched with a 120-token
+        description is sent as 128 tokens. Grouping by the routing estimate of its length (a power-of-two
+        bucket of tokens) keeps short queries with short ones; hkgw_padding_waste_ratio shows the rest.
+        """
+        if not self.dispatch.group_by_size:
+            return 0
+        spec = self.backend.model(item.model, item.version)
+        return item.decision.size_bucket if spec is not None and spec.pipeline in PADDED_PIPELINES else 0
 
     def take_queued(self) -> list[WorkItem]:
         """Remove and return everything still queued (drain hands it back to the agents)."""
@@ -177,8 +191,8 @@ class PoolDispatcher:
 
     # ------------------------------------------------------------------ batcher
 
-    def _pick(self) -> tuple[tuple[str, str], _ModelQueue] | None:
-        best: tuple[tuple[int, float], tuple[str, str], _ModelQueue] | None = None
+    def _pick(self) -> tuple[tuple[str, str, int], _ModelQueue] | None:
+        best: tuple[tuple[int, float], tuple[str, str, int], _ModelQueue] | None = None
         for key, queue in self._queues.items():
             head = queue.head()
             if head is None:
@@ -188,13 +202,13 @@ class PoolDispatcher:
                 best = (rank, key, queue)
         return None if best is None else (best[1], best[2])
 
-    def _ready_size(self, key: tuple[str, str], queue: _ModelQueue, now: float) -> int:
+    def _ready_size(self, key: tuple[str, str, int], queue: _ModelQueue, now: float) -> int:
         """How many to take now; 0 = wait for more (Triton's preferred sizes and max queue delay).
 
         A model its server batches itself (Triton ``dynamic_batching``, Ray Serve ``@serve.batch``) goes
         one request per call, at once: batching twice only adds the gateway's delay to the server's.
         """
-        spec = self.backend.model(*key)
+        spec = self.backend.model(key[0], key[1])
         if spec is not None and spec.server_batching:
             return 1
         n = len(queue)

@@ -20,6 +20,8 @@ _FACTORIES: Final[dict[str, Callable[[], Pipeline]]] = {
 }
 
 PIPELINE_NAMES: Final = tuple(_FACTORIES)
+PADDED_PIPELINES: Final = frozenset({"text"})
+"""Pipelines that pad a batch to its longest request: the dispatcher batches them by size bucket."""
 REJECT_LABELS: Final = tuple(label.value for label in InvalidInput)
 """Every label a pipeline drops a request with (for pre-registering metric series)."""
 

@@ -1,21 +1,18 @@
-"""Text queries -> padded token ids -> L2-normalised embeddings.
+"""Text queries -> WordPiece token ids padded to a length bucket -> L2-normalised embeddings.
 
-The tokenizer is deterministic and self-contained for now (a later change swaps in a trained HF
-``tokenizers`` vocabulary behind :func:`tokenize`): NFKC and lower-case; split on whitespace and
-punctuation; every CJK ideograph, kana and Thai character is a token of its own; a token's id is
-``2 + crc32(token) % (vocab - 2)``, with ``1`` = [CLS] first and ``0`` = padding. Sequences are cut to
-``max_tokens`` (including [CLS]) and padded to the batch's longest, rounded up to a bucket, so the few
-shapes the model sees stay warm.
+Tokenization is Hugging Face ``tokenizers`` (:mod:`gateway.pipeline.tokenizer`: the model's ``tokenizer``
+parameter, the shipped ``shop-wordpiece`` by default), one ``encode_batch`` call per batch in Rust. A
+sequence is [CLS] and its word pieces, cut to ``max_tokens``; the batch is padded (id 0) to the smallest
+bucket of :data:`LENGTH_BUCKETS` that holds its longest sequence, so the few shapes the model sees stay
+warm, and the dispatcher groups requests of one bucket into one batch to keep that padding small.
 
-A truncated request is still served. ``Prepared.real_elements`` counts the tokens actually sent (after
-truncation); :attr:`TextPipeline.truncated` counts the requests that were cut, for a metric.
+A truncated request is still served. A text over :data:`MAX_TEXT_CHARS` is refused before tokenizing
+(``too_large``), one with no tokens at all (``empty_text``). ``Prepared.real_elements`` counts the tokens
+actually sent; :attr:`TextPipeline.truncated` counts the requests that were cut, for a metric.
 """
 
 from __future__ import annotations
 
-import re
-import unicodedata
-import zlib
 from collections.abc import Mapping, Sequence
 from typing import Final
 
@@ -23,26 +20,34 @@ import numpy as np
 
 from edgewire import pb
 from gateway.backends.base import ModelSpec
+from gateway.pipeline import tokenizer
 from gateway.pipeline.base import Prepared
 from gateway.pipeline.tensor import InvalidInput, tensor_from_array
 
-PAD_ID: Final = 0
-CLS_ID: Final = 1
-LENGTH_BUCKETS: Final = (16, 32, 64, 128)
+PAD_ID: Final = tokenizer.PAD_ID
+CLS_ID: Final = tokenizer.CLS_ID
+LENGTH_BUCKETS: Final = (4, 8, 16, 32, 64, 128)  # shop queries are mostly 3-8 tokens
+MAX_TEXT_CHARS: Final = 16_384
+"""Longest text tokenized; a model reads at most a few hundred tokens of it, and this bounds the CPU cost."""
 EMBEDDING = "embedding"
 
-# Scripts written without spaces: CJK ideographs (and extension A, compatibility), hiragana, katakana, Thai.
-_SINGLE: Final = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u0e00-\u0e7f"
-_TOKEN: Final = re.compile(f"[{_SINGLE}]|[^\\W_{_SINGLE}]+")
 
-
-def tokenize(text: str, vocab_size: int, max_tokens: int) -> tuple[np.ndarray, bool]:
-    """Token ids (int64, [CLS] first, at most ``max_tokens``) of one text, and whether it was truncated."""
-    words = _TOKEN.findall(unicodedata.normalize("NFKC", text).lower())
-    truncated = len(words) + 1 > max_tokens
-    span = vocab_size - 2
-    ids = [CLS_ID, *(2 + zlib.crc32(w.encode()) % span for w in words[: max_tokens - 1])]
-    return np.asarray(ids, dtype=np.int64), truncated
+def tokenize(texts: Sequence[str], spec: ModelSpec) -> tuple[list[np.ndarray], list[bool]]:
+    """Token ids (int64, [CLS] first, at most the model's ``max_tokens``) per text, and which were cut."""
+    params = spec.parameters
+    vocab = int(params.get("vocab_size", "8192"))
+    encoder = tokenizer.load(
+        params.get("tokenizer", tokenizer.DEFAULT_TOKENIZER), int(params.get("max_tokens", "128"))
+    )
+    if encoder.get_vocab_size() > vocab:
+        raise ValueError(
+            f"model {spec.name}: tokenizer has {encoder.get_vocab_size()} entries, the model {vocab}"
+        )
+    encodings = encoder.encode_batch(list(texts))
+    return (
+        [np.asarray(e.ids, dtype=np.int64) for e in encodings],
+        [bool(e.overflowing) for e in encodings],
+    )
 
 
 def length_bucket(length: int) -> int:
@@ -63,16 +68,21 @@ class TextPipeline:
         """Requests cut to the model's ``max_tokens`` since this pipeline was made (a counter)."""
 
     def prepare(self, requests: Sequence[pb.InferRequest], spec: ModelSpec) -> Prepared:
-        """Tokenize each text, then lay the batch out as dense ``input_ids`` / ``attention_mask``."""
+        """Tokenize the batch in one call, then lay it out as dense ``input_ids`` / ``attention_mask``."""
         ids_name, mask_name = (t.name for t in spec.inputs)
-        vocab = int(spec.parameters.get("vocab_size", "8192"))
-        max_tokens = int(spec.parameters.get("max_tokens", "128"))
+        rejected: dict[int, tuple[str, str]] = {}
+        candidates: list[int] = []
+        for index, request in enumerate(requests):
+            size = len(request.text.text)
+            if size > MAX_TEXT_CHARS:
+                rejected[index] = (InvalidInput.TOO_LARGE, f"{size} characters, at most {MAX_TEXT_CHARS}")
+            else:
+                candidates.append(index)
+        encoded, cut = tokenize([requests[i].text.text for i in candidates], spec)
         sequences: list[np.ndarray] = []
         kept: list[int] = []
-        rejected: dict[int, tuple[str, str]] = {}
-        for index, request in enumerate(requests):
-            ids, truncated = tokenize(request.text.text, vocab, max_tokens)
-            if len(ids) == 1:
+        for index, ids, truncated in zip(candidates, encoded, cut, strict=True):
+            if len(ids) <= 1:
                 rejected[index] = (InvalidInput.EMPTY_TEXT, "no tokens in text")
                 continue
             self.truncated += truncated

@@ -219,3 +219,49 @@ async def test_batch_larger_than_the_model_takes_is_split_into_calls(models_dir:
     assert len(texts) == 128
     assert all(r.status == pb.STATUS_OK for r in responses), {r.error_message for r in responses}
     assert embedded.rows == 128 and embedded.calls >= 2
+
+
+async def test_text_is_batched_by_size_bucket_to_keep_padding_small(models_dir: Path) -> None:
+    """Short queries and long descriptions queued together: grouped by size bucket they go out as dense
+    batches; with group_by_size off they share batches padded to the longest (hkgw_padding_waste_ratio)."""
+    words = [
+        "genuine",
+        "xiaomi",
+        "power",
+        "bank",
+        "waterproof",
+        "ships",
+        "from",
+        "hong",
+        "kong",
+        "in",
+        "business",
+        "days",
+    ]
+    short = [pb.TextQuery(text="wireless earbuds") for _ in range(24)]
+    long = [pb.TextQuery(text=" ".join(words * 5)) for _ in range(24)]
+    waste: dict[bool, float] = {}
+    for grouped in (True, False):
+        overrides = split_backends(models_dir)
+        overrides["pools"]["cpu"] = {
+            "backend": "embedded",
+            "max_batch_size": 64,
+            "preferred_batch_sizes": [48],
+            "max_queue_delay_us": 300_000,
+            "group_by_size": grouped,
+        }
+        requests = fresh_requests(synthetic(48, seed=43, kind=pb.REQUEST_KIND_TEXT))
+        for request, text in zip(
+            requests, [x for pair in zip(short, long, strict=True) for x in pair], strict=True
+        ):
+            request.text.CopyFrom(text)
+            request.complexity_hint = 0.0  # the CPU pool
+        async with run_gateway(models_dir=models_dir, **overrides) as gw:
+            async with WireClient(gw.endpoint("hgc")) as agent:
+                responses = await agent.infer(requests)
+            assert all(r.status == pb.STATUS_OK for r in responses), {r.error_message for r in responses}
+            total = sample(gw, "hkgw_padding_waste_ratio_sum", model="text-encoder")
+            batches = sample(gw, "hkgw_padding_waste_ratio_count", model="text-encoder")
+        assert batches >= 1
+        waste[grouped] = total / batches
+    assert waste[True] < 0.2 < waste[False], waste
