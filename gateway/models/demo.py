@@ -6,7 +6,9 @@ same bytes every run: ``<root>/<model>/config.pbtxt`` (Triton's ModelConfig text
 a real Triton server all read the same files.
 
 * ``rank-mlp`` (pipeline ``ranking``): one row per candidate, ``features`` FP32 [40] = 8 candidate features,
-  16 user features and 16 hashed-tag buckets; Gemm-Relu-Gemm -> ``scores`` FP32 [1].
+  16 user features (both normalised by the pipeline with the parameters below) and 16 hashed-tag buckets,
+  plus ``item_rows`` INT64 [1], the candidate's row in a 4096 x 8 item embedding table; Gather, Concat,
+  Gemm-Relu-Gemm -> ``scores`` FP32 [1].
 * ``text-encoder`` (pipeline ``text``): ``input_ids``/``attention_mask`` INT64 [-1]; embedding Gather,
   masked mean pool, Gemm -> ``embedding`` FP32 [64] (L2 normalisation is the pipeline's post-processing).
 * ``image-classifier`` (pipeline ``image``): ``pixels`` FP32 [3, 64, 64]; two strided Convs, global
@@ -37,6 +39,19 @@ RANKING_TAG_BUCKETS: Final = 16
 RANKING_FEATURES: Final = RANKING_CANDIDATE_WIDTH + RANKING_USER_WIDTH + RANKING_TAG_BUCKETS
 RANKING_HIDDEN: Final = 32
 RANKING_MAX_ROWS: Final = 8192
+RANKING_ITEM_ROWS: Final = 4096
+RANKING_ITEM_DIM: Final = 8
+# How the synthetic catalog's and shoppers' dense features are normalised (measured on them): price, and a
+# shopper's days since the last order and average basket, are log-scaled first.
+RANKING_NORMALISATION: Final = {
+    "candidate_log1p": "0",
+    "candidate_mean": "3.25,0.14,4.39,4.32,0,0.96,5,0.7",
+    "candidate_std": "0.85,0.16,0.34,0.85,1,0.19,1.5,0.46",
+    "user_log1p": "3,5",
+    "user_mean": "3,1,2,3.1,2,4.2,0.3,0.125,0.125,0.125,0.125,0.125,0.125,0.125,0.125,11.5",
+    "user_std": "2,0.82,1.41,1,1.41,0.6,0.46,0.2,0.2,0.2,0.2,0.2,0.2,0.2,0.2,6.9",
+    "dense_clip": "8",
+}
 
 TEXT_VOCAB: Final = 8192
 TEXT_DIM: Final = 64
@@ -110,12 +125,15 @@ def demo_config(model: str) -> ModelConfig:
     if model == RANKING_MODEL:
         config.max_batch_size = RANKING_MAX_ROWS
         config.input.add(name="features", data_type=mc.TYPE_FP32, dims=[RANKING_FEATURES])
+        config.input.add(name="item_rows", data_type=mc.TYPE_INT64, dims=[1])
         config.output.add(name="scores", data_type=mc.TYPE_FP32, dims=[1])
         params = {
             "pipeline": "ranking",
             "candidate_feature_width": str(RANKING_CANDIDATE_WIDTH),
             "user_feature_width": str(RANKING_USER_WIDTH),
             "tag_buckets": str(RANKING_TAG_BUCKETS),
+            "item_table_rows": str(RANKING_ITEM_ROWS),
+            **RANKING_NORMALISATION,
         }
     elif model == TEXT_MODEL:
         config.max_batch_size = TEXT_MAX_BATCH
@@ -158,21 +176,29 @@ def _serialize(graph: onnx.GraphProto) -> bytes:
 
 
 def _ranking(rng: np.random.Generator) -> bytes:
-    f, h = RANKING_FEATURES, RANKING_HIDDEN
+    f, h, e = RANKING_FEATURES, RANKING_HIDDEN, RANKING_ITEM_DIM
     graph = helper.make_graph(
         [
-            helper.make_node("Gemm", ["features", "w1", "b1"], ["hidden"]),
+            helper.make_node("Gather", ["item_table", "item_rows"], ["item_3d"], axis=0),
+            helper.make_node("Reshape", ["item_3d", "item_shape"], ["item_embedding"]),
+            helper.make_node("Concat", ["features", "item_embedding"], ["row"], axis=1),
+            helper.make_node("Gemm", ["row", "w1", "b1"], ["hidden"]),
             helper.make_node("Relu", ["hidden"], ["active"]),
             helper.make_node("Gemm", ["active", "w2", "b2"], ["scores"]),
         ],
         RANKING_MODEL,
-        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["rows", f])],
+        [
+            helper.make_tensor_value_info("features", TensorProto.FLOAT, ["rows", f]),
+            helper.make_tensor_value_info("item_rows", TensorProto.INT64, ["rows", 1]),
+        ],
         [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["rows", 1])],
         [
-            _weight(rng, "w1", (f, h), 1.0 / np.sqrt(f)),
+            _weight(rng, "w1", (f + e, h), 1.0 / np.sqrt(f + e)),
             _weight(rng, "b1", (h,), 0.1),
             _weight(rng, "w2", (h, 1), 1.0 / np.sqrt(h)),
             _weight(rng, "b2", (1,), 0.1),
+            _weight(rng, "item_table", (RANKING_ITEM_ROWS, e), 0.5),
+            numpy_helper.from_array(np.array([-1, e], dtype=np.int64), "item_shape"),
         ],
     )
     return _serialize(graph)

@@ -1,10 +1,17 @@
-"""Ranking requests -> one feature row per candidate -> the top-k candidates by score.
+"""Ranking requests -> one feature row (and item embedding row) per candidate -> the top-k by score.
 
 A row is ``[candidate_dense | user_dense | tag buckets]``: the candidate's own features, then the request's
 user features and hashed categorical tags, repeated on every candidate row of the request. A batch
 concatenates the rows of its requests; the model scores each row independently. The widths come from the
 model's parameters (``candidate_feature_width``, ``user_feature_width``, ``tag_buckets``) and must add up to
 the model's feature width.
+
+Dense features are normalised as the model was trained: the columns listed in ``candidate_log1p`` /
+``user_log1p`` go through sign(x)·log(1 + |x|), then every column is standardised with ``*_mean`` /
+``*_std`` (comma-separated, one per column) and clipped to ±``dense_clip``; without those parameters the
+values pass unchanged. A model with a second input ``item_rows`` (INT64 [1]) gets each candidate's row in
+its item embedding table: a 64-bit mix of the item id modulo ``item_table_rows`` (the hashing trick: any
+id, no vocabulary to ship, collisions spread evenly).
 """
 
 from __future__ import annotations
@@ -22,29 +29,102 @@ from gateway.pipeline.tensor import InvalidInput, batch_slices, kept_requests, t
 
 SCORES = "scores"
 ITEM_IDS = "item_ids"
+ITEM_ROWS = "item_rows"
+
+
+@dataclass(frozen=True, slots=True)
+class DenseNorm:
+    """sign·log1p on some columns, then (x - mean) / std, clipped: one block of dense features."""
+
+    log1p: np.ndarray  # bool per column
+    mean: np.ndarray  # float32 per column
+    std: np.ndarray
+    clip: float
+
+    @classmethod
+    def of(cls, params: Mapping[str, str], prefix: str, width: int) -> DenseNorm | None:
+        """From ``<prefix>_log1p``, ``_mean``, ``_std`` and ``dense_clip``; None when none is set."""
+        names = (f"{prefix}_log1p", f"{prefix}_mean", f"{prefix}_std")
+        if not any(params.get(n) for n in names):
+            return None
+        log1p = np.zeros(width, dtype=bool)
+        for index in _floats(params.get(names[0], ""), names[0]):
+            if not (index.is_integer() and 0 <= index < width):
+                raise ValueError(f"{names[0]}: column {index} is not in 0..{width - 1}")
+            log1p[int(index)] = True
+        mean = _floats(params.get(names[1], ""), names[1]) or [0.0] * width
+        std = _floats(params.get(names[2], ""), names[2]) or [1.0] * width
+        if len(mean) != width or len(std) != width:
+            raise ValueError(f"{names[1]} and {names[2]} need {width} values each")
+        if any(s <= 0 for s in std):
+            raise ValueError(f"{names[2]}: every value must be positive")
+        clip = float(params.get("dense_clip", "8"))
+        return cls(log1p, np.asarray(mean, dtype=np.float32), np.asarray(std, dtype=np.float32), clip)
+
+    def apply(self, block: np.ndarray) -> np.ndarray:
+        """The normalised copy of a (rows, width) float32 block, in a few whole-array operations."""
+        out = np.where(self.log1p, np.sign(block) * np.log1p(np.abs(block)), block)
+        out = (out - self.mean) / self.std
+        clipped: np.ndarray = np.clip(out, -self.clip, self.clip).astype(np.float32, copy=False)
+        return clipped
+
+
+def _floats(text: str, name: str) -> list[float]:
+    try:
+        return [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{name}: not a comma-separated list of numbers: {text!r}") from None
+
+
+def item_rows(item_ids: np.ndarray, table_rows: int) -> np.ndarray:
+    """Embedding-table rows (int64) of uint64 item ids: SplitMix64's finaliser, modulo ``table_rows``."""
+    z = item_ids.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    return (z % np.uint64(table_rows)).astype(np.int64)
 
 
 @dataclass(frozen=True, slots=True)
 class RankingLayout:
-    """Where each feature group sits in a row, read from a model's spec."""
+    """Where each feature group sits in a row, and how dense features are normalised, from a model's spec."""
 
     input_name: str
     candidate_width: int
     user_width: int
     tag_buckets: int
     max_rows: int
+    candidate_norm: DenseNorm | None = None
+    user_norm: DenseNorm | None = None
+    item_input: str = ""  # the item_rows input, when the model has one
+    item_table_rows: int = 0
 
     @classmethod
     def of(cls, spec: ModelSpec) -> RankingLayout:
         """The layout of a ranking model; a spec whose widths do not add up is a ValueError."""
-        (features,) = spec.inputs
+        features, *extra = spec.inputs
         params = spec.parameters
+        candidate_width = int(params.get("candidate_feature_width", "8"))
+        user_width = int(params.get("user_feature_width", "16"))
+        item_input = ""
+        if extra:
+            (items,) = extra
+            if items.name != ITEM_ROWS or items.dims != (1,):
+                raise ValueError(f"model {spec.name}: second input must be {ITEM_ROWS} [1], got {items.name}")
+            item_input = items.name
+        table_rows = int(params.get("item_table_rows", "0"))
+        if item_input and table_rows < 1:
+            raise ValueError(f"model {spec.name}: input {ITEM_ROWS} needs an item_table_rows parameter")
         layout = cls(
             input_name=features.name,
-            candidate_width=int(params.get("candidate_feature_width", "8")),
-            user_width=int(params.get("user_feature_width", "16")),
+            candidate_width=candidate_width,
+            user_width=user_width,
             tag_buckets=int(params.get("tag_buckets", "16")),
             max_rows=spec.max_batch_size,
+            candidate_norm=DenseNorm.of(params, "candidate", candidate_width),
+            user_norm=DenseNorm.of(params, "user", user_width),
+            item_input=item_input,
+            item_table_rows=table_rows,
         )
         if features.dims != (layout.width,):
             raise ValueError(
@@ -98,14 +178,25 @@ class RankingPipeline:
             kept.append(index)
         rows = int(sum(counts))
         features = np.empty((rows, layout.width), dtype=np.float32)
+        inputs = {layout.input_name: features}
         if kept:
             c, u = layout.candidate_width, layout.user_width
             repeats = np.asarray(counts)
-            features[:, :c] = np.concatenate(candidates).reshape(rows, c)
-            features[:, c : c + u] = np.repeat(np.stack(users), repeats, axis=0)
+            candidate_block = np.concatenate(candidates).reshape(rows, c)
+            user_block = np.stack(users)
+            if layout.candidate_norm is not None:
+                candidate_block = layout.candidate_norm.apply(candidate_block)
+            if layout.user_norm is not None:
+                user_block = layout.user_norm.apply(user_block)
+            features[:, :c] = candidate_block
+            features[:, c : c + u] = np.repeat(user_block, repeats, axis=0)
             features[:, c + u :] = np.repeat(np.stack(tags), repeats, axis=0)
+        if layout.item_input:
+            ids = [np.asarray(requests[i].ranking.candidate_item_ids, dtype=np.uint64) for i in kept]
+            flat = np.concatenate(ids) if ids else np.zeros(0, dtype=np.uint64)
+            inputs[layout.item_input] = item_rows(flat, layout.item_table_rows).reshape(rows, 1)
         return Prepared(
-            inputs={layout.input_name: features},
+            inputs=inputs,
             kept=kept,
             rows=batch_slices(counts),
             rejected=rejected,

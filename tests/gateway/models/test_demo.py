@@ -48,7 +48,8 @@ def test_another_seed_gives_other_outputs(tmp_path: Path) -> None:
     write_model_version(tmp_path, "rank-mlp", 2, seed=7)
     features = np.random.default_rng(0).standard_normal((4, 40)).astype(np.float32)
     sessions = [ort.InferenceSession(str(tmp_path / "rank-mlp" / v / "model.onnx")) for v in ("1", "2")]
-    scores = [session.run(None, {"features": features})[0] for session in sessions]
+    rows = np.arange(4, dtype=np.int64).reshape(4, 1)
+    scores = [session.run(None, {"features": features, "item_rows": rows})[0] for session in sessions]
     assert scores[0].shape == scores[1].shape == (4, 1)
     assert not np.allclose(scores[0], scores[1])
 

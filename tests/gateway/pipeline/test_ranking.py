@@ -19,6 +19,20 @@ from tests.gateway.pipeline.specs import demo_spec
 SPEC = demo_spec("rank-mlp")
 
 
+def reference_norm(values: list[float], prefix: str) -> list[float]:
+    """One block of dense features normalised the obvious way, value by value, from the model's parameters."""
+    params = SPEC.parameters
+    logged = {int(i) for i in params[f"{prefix}_log1p"].split(",")}
+    means = [float(v) for v in params[f"{prefix}_mean"].split(",")]
+    stds = [float(v) for v in params[f"{prefix}_std"].split(",")]
+    clip = float(params["dense_clip"])
+    out = []
+    for i, value in enumerate(values):
+        x = math.copysign(math.log1p(abs(value)), value) if i in logged else value
+        out.append(min(max((x - means[i]) / stds[i], -clip), clip))
+    return out
+
+
 def reference_rows(requests: list[pb.InferRequest]) -> np.ndarray:
     """Feature rows built one candidate at a time, the obvious way."""
     rows = []
@@ -27,9 +41,21 @@ def reference_rows(requests: list[pb.InferRequest]) -> np.ndarray:
         tags = [0.0] * 16
         for tag in r.categorical_tags:
             tags[zlib.crc32(tag.encode("utf-8")) % 16] += 1.0
+        user = reference_norm(list(r.user_dense), "user")
         for i in range(len(r.candidate_item_ids)):
-            rows.append([*r.candidate_dense[i * 8 : (i + 1) * 8], *r.user_dense, *tags])
+            rows.append(
+                [*reference_norm(list(r.candidate_dense[i * 8 : (i + 1) * 8]), "candidate"), *user, *tags]
+            )
     return np.array(rows, dtype=np.float32)
+
+
+def reference_item_row(item_id: int, table_rows: int) -> int:
+    """SplitMix64's finaliser on Python integers, masked to 64 bits."""
+    mask = (1 << 64) - 1
+    z = (item_id + 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return (z ^ (z >> 31)) % table_rows
 
 
 def scored(prepared_rows: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -41,8 +67,31 @@ def test_feature_matrix_matches_reference() -> None:
     """The batch's feature matrix equals the per-candidate reference, request after request."""
     requests = synthetic("rank-mlp", 5)
     prepared = RankingPipeline().prepare(requests, SPEC)
-    np.testing.assert_array_equal(prepared.inputs["features"], reference_rows(requests))
+    np.testing.assert_allclose(prepared.inputs["features"], reference_rows(requests), rtol=1e-5, atol=1e-6)
     assert prepared.inputs["features"].dtype == np.float32
+
+
+def test_item_rows_match_reference_hash() -> None:
+    """Each candidate's embedding row is the reference SplitMix64 hash of its id modulo the table size."""
+    requests = synthetic("rank-mlp", 3)
+    requests[0].ranking.candidate_item_ids[0] = (1 << 64) - 1  # the largest id wraps like the reference
+    prepared = RankingPipeline().prepare(requests, SPEC)
+    table = int(SPEC.parameters["item_table_rows"])
+    expected = [reference_item_row(i, table) for r in requests for i in r.ranking.candidate_item_ids]
+    assert prepared.inputs["item_rows"].dtype == np.int64
+    assert prepared.inputs["item_rows"].reshape(-1).tolist() == expected
+    assert len(set(expected)) > len(expected) // 2  # spread over the table, not a few rows
+
+
+def test_normalisation_clips_outliers() -> None:
+    """A price of a billion is log-scaled and clipped to dense_clip standard deviations, never inf or NaN."""
+    requests = synthetic("rank-mlp", 1)
+    requests[0].ranking.candidate_dense[0] = 1e9
+    requests[0].ranking.user_dense[15] = -1e30
+    features = RankingPipeline().prepare(requests, SPEC).inputs["features"]
+    assert np.isfinite(features).all()
+    assert features[0, 0] == pytest.approx(min((math.log1p(1e9) - 3.25) / 0.85, 8.0))
+    assert features[0, 8 + 15] == -8.0
 
 
 def test_rows_slice_each_requests_candidates() -> None:
@@ -127,7 +176,8 @@ def test_bad_features_are_rejected_and_the_rest_served(damage: object) -> None:
     prepared = RankingPipeline().prepare(requests, SPEC)
     assert prepared.kept == [0, 2]
     assert prepared.rejected[1][0] == InvalidInput.BAD_FEATURES
-    np.testing.assert_array_equal(prepared.inputs["features"], reference_rows([requests[0], requests[2]]))
+    expected = reference_rows([requests[0], requests[2]])
+    np.testing.assert_allclose(prepared.inputs["features"], expected, rtol=1e-5, atol=1e-6)
 
 
 def test_all_rejected_gives_an_empty_batch() -> None:

@@ -169,7 +169,11 @@ async def test_tensor_requests_run_on_onnx_runtime(tmp_path: Path) -> None:
         rng = np.random.default_rng(0)
         requests = [
             pb.InferRequest(
-                model_name="rank-mlp", inputs=[tensor_from_array("features", rng.random((n, 40), np.float32))]
+                model_name="rank-mlp",
+                inputs=[
+                    tensor_from_array("features", rng.random((n, 40), np.float32)),
+                    tensor_from_array("item_rows", np.arange(n, dtype=np.int64).reshape(n, 1)),
+                ],
             )
             for n in (3, 5)
         ]
