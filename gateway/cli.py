@@ -71,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = capture_sub.add_parser("inspect", help="what capture files hold")
     inspect.add_argument("files", type=Path, nargs="+")
     inspect.add_argument("--json", action="store_true", help="print JSON")
+    bgp = sub.add_parser(
+        "bgp-announcer", help="ExaBGP API process: announce one carrier's prefixes by its health (deploy/bgp)"
+    )
+    bgp.add_argument("--carrier", required=True, help="a [[carriers]] name that has a [carriers.bgp] table")
+    bgp.add_argument("--config", dest="bgp_config", type=Path, help="the gateway's TOML (as --config)")
+    bgp.add_argument("--no-ack", action="store_true", help="ExaBGP runs with exabgp.api.ack=false")
     replay = sub.add_parser("replay", help="re-send captured traffic to a gateway (docs/CAPTURE.md)")
     replay.add_argument("files", type=Path, nargs="+")
     replay.add_argument("--to", required=True, metavar="ENDPOINT", help="tcp://HOST:PORT of a carrier")
@@ -124,6 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "replay":
         return _replay(args)
+    if args.command == "bgp-announcer":
+        return _bgp_announcer(args)
     try:
         config = load_config(args.config, overrides=_overrides(args))
     except ConfigError as exc:
@@ -131,6 +139,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"hk-gateway: config: {key}: {message}", file=sys.stderr)
         return EXIT_CONFIG
     return run(config, args.config)
+
+
+def _bgp_announcer(args: argparse.Namespace) -> int:
+    from gateway.bgp.announcer import ExaBgpPipe
+    from gateway.bgp.announcer import run as announce
+    from gateway.ops.logs import configure_logging
+
+    try:
+        config = load_config(args.bgp_config or args.config, overrides=_overrides(args))
+    except ConfigError as exc:
+        for key, message in exc.problems:
+            print(f"hk-gateway bgp-announcer: config: {key}: {message}", file=sys.stderr)
+        return EXIT_CONFIG
+    configure_logging(config.logging)
+    return announce(config, args.carrier, ExaBgpPipe(sys.stdout, sys.stdin.fileno(), ack=not args.no_ack))
 
 
 def _replay(args: argparse.Namespace) -> int:

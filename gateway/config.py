@@ -35,11 +35,57 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class CarrierBgpConfig(_Section):
+    """What ``hk-gateway bgp-announcer --carrier NAME`` tells ExaBGP to announce to this carrier's peer."""
+
+    neighbor: str  # the carrier's BGP peer address, as in ExaBGP's config; commands are scoped to it
+    local_as: int = Field(ge=1, le=4_294_967_295)  # our AS, repeated on the AS path to prepend
+    prefixes: tuple[str, ...] = Field(min_length=1)  # the service prefix(es) carrying this carrier's ingress
+    next_hop: str = "self"
+    communities: tuple[str, ...] = ()  # always attached, e.g. the carrier's region-scoping communities
+    degraded_prepend: int = Field(default=3, ge=0, le=16)  # extra copies of local_as while DEGRADED
+    degraded_communities: tuple[str, ...] = ()  # added while DEGRADED (e.g. the carrier's lower-local-pref)
+    interval_s: float = Field(default=1.0, gt=0, le=60)  # health is read this often
+    timeout_s: float = Field(default=0.5, gt=0, le=30)  # per health request; no answer counts as DOWN
+    rise: int = Field(default=3, ge=1, le=100)  # consecutive better readings before announcing (more)
+    fall: int = Field(
+        default=2, ge=1, le=100
+    )  # consecutive worse readings before de-preferring / withdrawing
+
+    @field_validator("neighbor")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        ipaddress.ip_address(value)
+        return value
+
+    @field_validator("prefixes")
+    @classmethod
+    def _networks(cls, values: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(str(ipaddress.ip_network(v, strict=True)) for v in values)
+
+    @field_validator("communities", "degraded_communities")
+    @classmethod
+    def _communities(cls, values: tuple[str, ...]) -> tuple[str, ...]:
+        for value in values:
+            parts = value.split(":")
+            if len(parts) != 2 or not all(p.isdigit() and int(p) < 65536 for p in parts):
+                raise ValueError(f"community {value!r} is not ASN:VALUE (two 16-bit numbers)")
+        return values
+
+    @field_validator("next_hop")
+    @classmethod
+    def _next_hop(cls, value: str) -> str:
+        if value != "self":
+            ipaddress.ip_address(value)
+        return value
+
+
 class CarrierConfig(_Section):
     """One carrier uplink: its name (a metric label) and the ZeroMQ endpoint its ROUTER binds."""
 
     name: str = Field(pattern=r"^[a-z][a-z0-9-]{0,31}$")
     bind: str
+    bgp: CarrierBgpConfig | None = None  # route health injection (hk-gateway bgp-announcer, deploy/bgp)
 
     @field_validator("bind")
     @classmethod

@@ -6,8 +6,9 @@ cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 # Debian packages the test suite uses (real tools, not fakes): promtool comes with prometheus,
-# systemd-analyze with systemd, pdns_server and pdnsutil (GeoDNS) with pdns-server and its backends.
-APT_PACKAGES=(${HKEG_APT_PACKAGES:-iproute2 util-linux prometheus systemd pdns-server pdns-backend-bind pdns-backend-geoip})
+# systemd-analyze with systemd, pdns_server and pdnsutil (GeoDNS) with pdns-server and its backends,
+# bird and birdc (a BGP peer for the route health tests) with bird2.
+APT_PACKAGES=(${HKEG_APT_PACKAGES:-iproute2 util-linux prometheus systemd pdns-server pdns-backend-bind pdns-backend-geoip bird2})
 
 if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
     echo "setup: need Python >= 3.11 as \$PYTHON (found $("$PYTHON" --version 2>&1))" >&2
@@ -24,9 +25,9 @@ if ((${#missing[@]})); then
         export DEBIAN_FRONTEND=noninteractive
         apt-get update -qq >/dev/null
         apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-        # The tests start their own pdns_server on loopback; a packaged one listening on :53 is not wanted.
-        if [[ -d /run/systemd/system ]] && systemctl list-unit-files pdns.service >/dev/null 2>&1; then
-            systemctl disable --now pdns.service >/dev/null 2>&1 || true
+        # The tests start their own pdns_server and bird; packaged ones listening on this host are not wanted.
+        if [[ -d /run/systemd/system ]]; then
+            systemctl disable --now pdns.service bird.service >/dev/null 2>&1 || true
         fi
     else
         echo "setup: missing Debian packages ${missing[*]}; install them as root" >&2

@@ -29,6 +29,7 @@ from gateway.dispatch.work import PRIORITY_ORDER, WorkItem
 from gateway.ops.metrics import GatewayMetrics
 from gateway.pipeline.base import Prepared
 from gateway.pipeline.registry import PADDED_PIPELINES
+from gateway.pipeline.text import estimated_tokens, length_bucket
 from routing.types import PoolSignals
 
 log = structlog.get_logger("gateway.dispatch")
@@ -148,16 +149,18 @@ class PoolDispatcher:
         return True
 
     def _size_group(self, item: WorkItem) -> int:
-        """The routing size bucket for a model whose pipeline pads (text), else 0: one batch, one bucket.
+        """For a model whose pipeline pads (text), the length bucket it will likely pad to, else 0.
 
-        Text is padded to the batch's longest sequence; a 10-token query batched with a 120-token
-        description is sent as 128 tokens. Grouping by the routing estimate of its length (a power-of-two
-        bucket of tokens) keeps short queries with short ones; hkgw_padding_waste_ratio shows the rest.
+        Text is padded to the batch's longest sequence; a 3-token query batched with a 120-token
+        description is sent as 128 tokens. Requests queue per bucket, so one batch holds one bucket;
+        hkgw_padding_waste_ratio shows what is left.
         """
         if not self.dispatch.group_by_size:
             return 0
         spec = self.backend.model(item.model, item.version)
-        return item.decision.size_bucket if spec is not None and spec.pipeline in PADDED_PIPELINES else 0
+        if spec is None or spec.pipeline not in PADDED_PIPELINES:
+            return 0
+        return length_bucket(estimated_tokens(item.request.text.text))
 
     def take_queued(self) -> list[WorkItem]:
         """Remove and return everything still queued (drain hands it back to the agents)."""
@@ -410,6 +413,10 @@ class PoolDispatcher:
             waste = 1.0 - prepared.real_elements / prepared.padded_elements
             self._metrics.child(self._metrics.padding_waste, self._metrics.model_label(spec.name)).observe(
                 waste
+            )
+        if prepared.truncated:
+            self._metrics.child(self._metrics.input_truncated, self._metrics.model_label(spec.name)).inc(
+                prepared.truncated
             )
         for index, (label, detail) in prepared.rejected.items():
             self._metrics.child(

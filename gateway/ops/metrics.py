@@ -163,6 +163,12 @@ class GatewayMetrics:
             ["model", "reason"],
             registry=r,
         )
+        self.input_truncated = Counter(
+            f"{NS}_input_truncated",
+            "Requests the CPU stage served cut to the model's limit (text over max_tokens)",
+            ["model"],
+            registry=r,
+        )
         self.ingest_errors = Counter(
             f"{NS}_ingest_errors",
             "Frames whose handling raised (a bug; the carrier keeps going)",

@@ -32,6 +32,7 @@ class Prepared:
     rejected: dict[int, tuple[str, str]] = field(default_factory=dict)
     real_elements: int = 0  # tokens / pixels / feature cells before padding
     padded_elements: int = 0  # the same after padding (padding waste = 1 - real / padded)
+    truncated: int = 0  # kept requests cut to the model's limit (served, and counted by the gateway)
     spec: ModelSpec | None = None  # the model it was prepared for (finish may run in another process)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 DEPLOY = Path(__file__).parents[2] / "deploy"
-UNITS = ["hk-gateway.service", "edge-agent@.service"]
+UNITS = ["hk-gateway.service", "edge-agent@.service", "exabgp.service"]
 MAX_EXPOSURE = 2.0  # systemd-analyze security: 0 (locked down) .. 10 (unprotected); "OK" is below 4.5
 
 

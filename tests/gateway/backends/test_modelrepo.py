@@ -15,6 +15,7 @@ from gateway.backends.modelrepo import (
     spec_from_config,
 )
 from gateway.models import DEMO_MODELS, demo_config, write_demo_repository, write_model_version
+from gateway.models.demo import RANKING_NORMALISATION
 
 TESTDATA = Path(__file__).parent / "testdata"
 BAD_CONFIGS = sorted(TESTDATA.glob("*.pbtxt"))
@@ -43,7 +44,7 @@ def test_ranking_config_maps_to_spec(tmp_path: Path) -> None:
     assert repo.spec("rank-mlp") == ModelSpec(
         name="rank-mlp",
         version="1",
-        inputs=(TensorSpec("features", "float32", (40,)),),
+        inputs=(TensorSpec("features", "float32", (40,)), TensorSpec("item_rows", "int64", (1,))),
         outputs=(TensorSpec("scores", "float32", (1,)),),
         max_batch_size=8192,
         pipeline="ranking",
@@ -53,6 +54,8 @@ def test_ranking_config_maps_to_spec(tmp_path: Path) -> None:
             "pipeline": "ranking",
             "tag_buckets": "16",
             "user_feature_width": "16",
+            "item_table_rows": "4096",
+            **RANKING_NORMALISATION,
         },
     )
 

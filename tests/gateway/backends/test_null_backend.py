@@ -20,7 +20,10 @@ async def test_demo_models_answer_zeros_of_declared_shapes() -> None:
     backend = NullBackend("bench")
     await backend.start()
     calls: dict[str, tuple[dict[str, np.ndarray], dict[str, tuple[int, ...]]]] = {
-        "rank-mlp": ({"features": np.ones((7, 40), np.float32)}, {"scores": (7, 1)}),
+        "rank-mlp": (
+            {"features": np.ones((7, 40), np.float32), "item_rows": np.ones((7, 1), np.int64)},
+            {"scores": (7, 1)},
+        ),
         "text-encoder": (
             {"input_ids": np.ones((3, 16), np.int64), "attention_mask": np.ones((3, 16), np.int64)},
             {"embedding": (3, 64)},
@@ -50,7 +53,13 @@ async def test_repository_models_are_served(tmp_path: Path) -> None:
     backend = create("null", "bench", {"repository": str(tmp_path)})
     await backend.start()
     result = await backend.infer(
-        InferCall("rank-mlp", "", {"features": np.ones((5, 40), np.float32)}, Priority.BATCH, None)
+        InferCall(
+            "rank-mlp",
+            "",
+            {"features": np.ones((5, 40), np.float32), "item_rows": np.ones((5, 1), np.int64)},
+            Priority.BATCH,
+            None,
+        )
     )
     assert (result.outputs["scores"].shape, result.model_version) == ((5, 1), "3")
     assert backend.model("text-encoder") is None

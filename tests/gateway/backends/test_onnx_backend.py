@@ -36,7 +36,10 @@ def options(repository: Path, **overrides: object) -> OnnxOptions:
 def ranking_call(version: str = "", timeout_s: float | None = 5.0, rows: int = 3) -> InferCall:
     """A rank-mlp call on fixed features."""
     features = np.linspace(-1.0, 1.0, rows * 40, dtype=np.float32).reshape(rows, 40)
-    return InferCall("rank-mlp", version, {"features": features}, Priority.REALTIME, timeout_s)
+    items = np.arange(rows, dtype=np.int64).reshape(rows, 1)
+    return InferCall(
+        "rank-mlp", version, {"features": features, "item_rows": items}, Priority.REALTIME, timeout_s
+    )
 
 
 async def test_ranking_requests_get_top_k_items(backend: OnnxBackend) -> None:
@@ -191,7 +194,10 @@ async def test_deadline_passing_in_the_queue_is_deadline_exceeded(repository: Pa
 
 async def test_wrong_dtype_is_invalid_argument(backend: OnnxBackend) -> None:
     """Float64 features for a float32 model are refused before the model runs."""
-    call = InferCall("rank-mlp", "", {"features": np.zeros((2, 40))}, Priority.REALTIME, 1.0)
+    items = np.zeros((2, 1), dtype=np.int64)
+    call = InferCall(
+        "rank-mlp", "", {"features": np.zeros((2, 40)), "item_rows": items}, Priority.REALTIME, 1.0
+    )
     with pytest.raises(BackendError, match="float64") as caught:
         await backend.infer(call)
     assert caught.value.status == "INVALID_ARGUMENT"

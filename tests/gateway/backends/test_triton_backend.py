@@ -52,7 +52,8 @@ def assert_some_overloaded(results: list[object]) -> None:
 def inputs(model: str, rows: int, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     if model == RANKING_MODEL:
-        return {"features": rng.random((rows, 40), dtype=np.float32)}
+        rows_in_table = rng.integers(0, 4096, (rows, 1), dtype=np.int64)
+        return {"features": rng.random((rows, 40), dtype=np.float32), "item_rows": rows_in_table}
     if model == TEXT_MODEL:
         ids = rng.integers(1, 8192, (rows, 12), dtype=np.int64)
         return {"input_ids": ids, "attention_mask": np.ones_like(ids)}

@@ -16,7 +16,7 @@ from typing import Any
 
 
 def write_config(
-    path: Path, models_dir: Path, extra: str = "", binds: Mapping[str, str] | None = None
+    path: Path, models_dir: Path, extra: str = "", binds: Mapping[str, str] | None = None, http_port: int = 0
 ) -> Path:
     """A plaintext test gateway; carriers hgc, pccw, tgt at ``binds`` (default: free loopback ports)."""
     binds = binds or {}
@@ -32,7 +32,7 @@ drain_grace_s = 1.0
 {carriers}[security]
 mode = "plaintext"
 [http]
-port = 0
+port = {http_port}
 [health]
 interval_s = 0.1
 [logging]

@@ -1,0 +1,1 @@
+"""Route health injection: the carrier's health decides what ExaBGP announces to that carrier."""
