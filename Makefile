@@ -11,6 +11,7 @@ bench:
 	scripts/setup.sh
 	.venv/bin/python -m bench.compression --write
 	.venv/bin/python -m bench.routing_bench --write
+	.venv/bin/python -m bench.cpu_stage_bench --write
 	.venv/bin/python -m bench.gateway_bench --write
 	.venv/bin/python -m bench.agent_bench --write
 	.venv/bin/python -m bench.replay_bench --write

@@ -220,6 +220,9 @@ def write(
         for p in pools
     ]
     arrival, grouped = pad["arrival"], pad["grouped"]
+    by_kind = {r["kind"]: r for r in stages}
+    image_rps = by_kind["image"]["prepare_rps"]
+    ranking_rows = by_kind["ranking"]["prepare_rps"] * by_kind["ranking"]["rows_per_request"]
     body = f"""## CPU stage (pre/post-processing)
 
 `python -m bench.cpu_stage_bench --seconds {seconds:g} --write` ({stamp()}; {machine()}).
@@ -235,6 +238,10 @@ utilisation over the run and the gaps of a 1 ms ticker on the event loop that fe
 health check or an ack would wait). The gateway's default is every core but one (`[cpu] workers = 0`):
 
 {table(["workers", "req/s", "core utilisation", "loop gap p99 / max ms"], pool_rows)}
+
+The mix cycles batch by batch over the three kinds, so image batches (JPEG decode and resize,
+about {1000 / image_rps:.1f} ms per image on one core) take most of the time: the pool's rate is bounded by
+the image stage, and more cores add to it. Ranking prepares {ranking_rows:,.0f} candidate rows/s per core.
 
 Padding waste of text ({pad["requests"]} requests of the synthetic mix, batches of {BATCH}, length buckets
 4..128): in arrival order **{arrival["waste"]:.0%}** of the tokens sent are padding ({arrival["padded"]:,}
