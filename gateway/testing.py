@@ -252,10 +252,13 @@ def fresh_requests(requests: Sequence[pb.InferRequest], budget_s: float = 5.0) -
     return out
 
 
-async def wait_for(predicate: Any, timeout_s: float = 10.0, interval_s: float = 0.02) -> None:
-    """Poll a condition with a deadline (no bare sleeps as synchronisation)."""
-    deadline = time.monotonic() + timeout_s
+async def wait_for(
+    predicate: Any, timeout_s: float = 10.0, interval_s: float = 0.02, what: str = "condition"
+) -> float:
+    """Poll a condition with a deadline (no bare sleeps as synchronisation); the seconds it took."""
+    start = time.monotonic()
     while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met in time")
+        if time.monotonic() - start > timeout_s:
+            raise TimeoutError(f"not within {timeout_s} s: {what}")
         await asyncio.sleep(interval_s)
+    return time.monotonic() - start

@@ -9,7 +9,6 @@ RFC 2544's benchmarking range), so exabgp.conf runs as shipped but for the annou
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import shutil
@@ -27,7 +26,7 @@ import pytest
 from gateway.config import load_config
 from gateway.configfile import merge_tables
 from gateway.server import Gateway
-from gateway.testing import run_gateway
+from gateway.testing import run_gateway, wait_for
 from gateway.testing_servers import free_port
 from tests.gateway.daemon.process import GatewayProcess, write_config
 from tests.gateway.daemon.test_dispatch import backend, split_backends
@@ -135,14 +134,6 @@ def routes(socket: str) -> dict[str, dict[str, Any]]:
     return table
 
 
-async def until(check: Callable[[], bool], within_s: float, what: str) -> float:
-    start = time.monotonic()
-    while not check():
-        assert time.monotonic() - start < within_s, f"not within {within_s} s: {what}"
-        await asyncio.sleep(0.05)
-    return time.monotonic() - start
-
-
 def announcer_config(path: Path, http_port: int, extra: str = "") -> Path:
     """The gateway TOML the announcers read: carriers with their [carriers.bgp], the HTTP port."""
     blocks = []
@@ -243,7 +234,9 @@ async def test_routes_follow_carrier_health(
     port = gw.http.port
     exabgp_factory(toml)
     hgc, pccw, tgt = (PEERS[c][3] for c in ("hgc", "pccw", "tgt"))
-    await until(lambda: set(routes(carriers_net)) == {hgc, pccw, tgt}, 15, "sessions up, all announced")
+    await wait_for(
+        lambda: set(routes(carriers_net)) == {hgc, pccw, tgt}, 15, what="sessions up, all announced"
+    )
     table = routes(carriers_net)
     for name, (_, _, asn, prefix) in PEERS.items():
         assert table[prefix]["protocol"] == name  # each prefix only over its own carrier
@@ -251,19 +244,25 @@ async def test_routes_follow_carrier_health(
         assert table[prefix]["communities"] == [(str(asn), "100")]
 
     backend(gw, "gpu").healthy = False  # a tier without a healthy pool: every carrier DEGRADED
-    await until(lambda: routes(carriers_net)[hgc]["as_path"] == [LOCAL_AS] * 4, 5, "prepended while DEGRADED")
+    await wait_for(
+        lambda: routes(carriers_net)[hgc]["as_path"] == [LOCAL_AS] * 4, 5, what="prepended while DEGRADED"
+    )
     assert sorted(routes(carriers_net)[hgc]["communities"]) == [("64497", "100"), ("64497", "80")]
     backend(gw, "gpu").healthy = True
-    await until(lambda: routes(carriers_net)[hgc]["as_path"] == [LOCAL_AS], 5, "plain again when UP")
+    await wait_for(lambda: routes(carriers_net)[hgc]["as_path"] == [LOCAL_AS], 5, what="plain again when UP")
 
     await admin(port, "pccw", "disable")
-    took = await until(lambda: pccw not in routes(carriers_net), WITHDRAW_WITHIN_S, "PCCW withdrawn on drain")
+    took = await wait_for(
+        lambda: pccw not in routes(carriers_net), WITHDRAW_WITHIN_S, what="PCCW withdrawn on drain"
+    )
     assert set(routes(carriers_net)) == {hgc, tgt}
     await admin(port, "pccw", "enable")
-    await until(lambda: pccw in routes(carriers_net), 5, "PCCW announced again")
+    await wait_for(lambda: pccw in routes(carriers_net), 5, what="PCCW announced again")
 
     await gw.carriers["tgt"].close()  # the TGT ingress fails: health DOWN
-    failed = await until(lambda: tgt not in routes(carriers_net), WITHDRAW_WITHIN_S + 1, "TGT withdrawn")
+    failed = await wait_for(
+        lambda: tgt not in routes(carriers_net), WITHDRAW_WITHIN_S + 1, what="TGT withdrawn"
+    )
     assert set(routes(carriers_net)) == {hgc, pccw}
     print(f"drain withdrawn after {took:.2f} s, failed ingress after {failed:.2f} s")
 
@@ -283,15 +282,17 @@ async def test_killed_gateway_withdraws_every_carrier_and_returns(
     exabgp_factory(toml)
     prefixes = {p[3] for p in PEERS.values()}
     try:
-        await until(lambda: set(routes(carriers_net)) == prefixes, 15, "all announced")
+        await wait_for(lambda: set(routes(carriers_net)) == prefixes, 15, what="all announced")
         first.kill_group()
-        took = await until(lambda: not routes(carriers_net), WITHDRAW_WITHIN_S, "all withdrawn after kill -9")
+        took = await wait_for(
+            lambda: not routes(carriers_net), WITHDRAW_WITHIN_S, what="all withdrawn after kill -9"
+        )
     finally:
         await first.stop()
     second = GatewayProcess(write_config(tmp_path / "second" / "gateway.toml", models_dir, http_port=port))
     await second.start()
     try:
-        await until(lambda: set(routes(carriers_net)) == prefixes, 5, "announced again after restart")
+        await wait_for(lambda: set(routes(carriers_net)) == prefixes, 5, what="announced again after restart")
     finally:
         await second.stop()
     print(f"withdrawn {took:.2f} s after the kill")

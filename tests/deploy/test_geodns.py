@@ -8,13 +8,12 @@ those continents are simulated with the EDNS client subnet option; nothing leave
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import shutil
 import signal
 import subprocess
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -26,6 +25,7 @@ import dns.rdatatype
 import pytest
 
 from edge_agent.discovery import GatewayDiscovery
+from gateway.testing import wait_for
 from gateway.testing_servers import free_port
 from tests.gateway.daemon.process import GatewayProcess, write_config
 from tests.routing.test_geo import country_record, write_db
@@ -144,15 +144,6 @@ class PowerDNS:
         return sorted((int(f[0]), f[3].split(".")[0]) for f in fields)
 
 
-async def wait_until(check: Callable[[], bool], timeout_s: float, what: str) -> float:
-    """Seconds until ``check()`` holds; fails after ``timeout_s``."""
-    start = time.monotonic()
-    while not check():
-        assert time.monotonic() - start < timeout_s, f"not within {timeout_s} s: {what}"
-        await asyncio.sleep(0.1)
-    return time.monotonic() - start
-
-
 @pytest.fixture
 def geodns_port() -> int:
     return free_port(CARRIERS["hgc"])
@@ -184,7 +175,7 @@ def pdns(tmp_path: Path, gateway: GatewayProcess, geodns_port: int) -> Iterator[
 async def settled(pdns: PowerDNS) -> None:
     """The first queries start the health checks (until they report, every carrier counts as down)."""
     europe = CLIENTS["europe"][0]
-    await wait_until(lambda: pdns.addresses(europe) == [CARRIERS["tgt"]], 10, "first health checks")
+    await wait_for(lambda: pdns.addresses(europe) == [CARRIERS["tgt"]], 10, what="first health checks")
 
 
 async def admin(gateway: GatewayProcess, carrier: str, action: str) -> None:
@@ -231,15 +222,15 @@ async def test_drained_carrier_leaves_the_answer_within_seconds_and_returns(
     await settled(pdns)
     europe = CLIENTS["europe"][0]
     await admin(gateway, "tgt", "disable")
-    dropped = await wait_until(
+    dropped = await wait_for(
         lambda: pdns.addresses(europe) == [CARRIERS["pccw"]] and "tgt" not in dict(map(reversed, pdns.srv())),
         WITHIN_S,
-        "TGT dropped after its drain",
+        what="TGT dropped after its drain",
     )
     assert pdns.srv(europe) == [(10, "pccw"), (20, "hgc")]
     await admin(gateway, "tgt", "enable")
-    returned = await wait_until(
-        lambda: pdns.addresses(europe) == [CARRIERS["tgt"]], WITHIN_S, "TGT back after enable"
+    returned = await wait_for(
+        lambda: pdns.addresses(europe) == [CARRIERS["tgt"]], WITHIN_S, what="TGT back after enable"
     )
     assert pdns.srv(europe) == [(10, "tgt"), (20, "pccw"), (30, "hgc")]
     print(f"dropped after {dropped:.1f} s, back after {returned:.1f} s")
@@ -258,7 +249,7 @@ async def test_agent_discovery_follows_the_healthy_carriers(pdns: PowerDNS, gate
         (name, gateway.endpoint(name)) for name in ("hgc", "pccw", "tgt")
     ]
     await admin(gateway, "hgc", "disable")
-    await wait_until(lambda: pdns.addresses() == [CARRIERS["pccw"]], WITHIN_S, "HGC dropped")
+    await wait_for(lambda: pdns.addresses() == [CARRIERS["pccw"]], WITHIN_S, what="HGC dropped")
     assert [e.name for e in (await discovery.resolve()).endpoints] == ["hgc", "pccw", "tgt"]  # cached
     now[0] += found.ttl_s + 0.1
     found = await discovery.resolve()
@@ -272,7 +263,7 @@ async def test_gateway_stopped_answers_every_carrier_as_the_fallback(
     carrier the stated fallback applies: all three addresses, SRV in the client's preference order."""
     await settled(pdns)
     gateway.signal(signal.SIGTERM)
-    await wait_until(lambda: len(pdns.addresses()) == 3, WITHIN_S, "fallback to every carrier")
+    await wait_for(lambda: len(pdns.addresses()) == 3, WITHIN_S, what="fallback to every carrier")
     assert sorted(pdns.addresses(CLIENTS["europe"][0])) == sorted(CARRIERS.values())
     assert pdns.srv(CLIENTS["europe"][0]) == [(10, "tgt"), (20, "pccw"), (30, "hgc")]
     assert await gateway.wait(30) == 0
