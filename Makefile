@@ -15,6 +15,7 @@ bench:
 	.venv/bin/python -m bench.gateway_bench --write
 	.venv/bin/python -m bench.agent_bench --write
 	.venv/bin/python -m bench.replay_bench --write
+	.venv/bin/python -m bench.ingest_bench --write
 
 proto:
 	.venv/bin/python scripts/gen_proto.py

@@ -1,0 +1,349 @@
+"""Issue 9's whole-path figures in one run: ingest vs transport baselines, open-loop latency, 10k in flight.
+
+    python -m bench.ingest_bench [--seconds 5] [--write]
+
+1. **Ingest**: records/s from a DEALER "agent" through the gateway (null backend: CPU stage, routing,
+   batching and replies as in production, the model free) and back as responses, frames of 100 realistic
+   requests, 8 frames in flight. Baselines in the same run, same serialized requests (bench/baselines.py):
+   raw pyzmq PUSH/PULL one message per frame, one grpcio bidirectional stream, one HTTP/JSON POST each.
+2. **Latency**: open loop (each latency from the request's scheduled send time, so stalls are not hidden),
+   one realtime request per frame at several offered rates; the gateway against a raw DEALER/ROUTER echo
+   (bench/echo.py) in the same run; overhead = gateway minus echo at the same percentile.
+3. **Stress**: 10,000 requests in flight at once (100 frames of 100): every one answered or explicitly
+   refused (Nack or a non-OK status), none lost; the gateway's peak RSS (VmHWM, with its CPU workers).
+
+Plots (docs/bench/): latency CDF per tier, and answered rate vs offered rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import zmq
+from google.protobuf import json_format
+
+from bench import baselines
+from bench.gateway_bench import Peer, Tracker, drain, restamp, start_gateway, throughput, workload
+from bench.report import BENCHMARKS_MD, machine, stamp, table, update_section
+from edgewire import FrameCodec, pb
+
+RATES = (500.0, 1000.0, 2000.0)
+LATENCY_HEADER = [
+    "offered",
+    "answered/s",
+    "p50 ms gw / echo",
+    "p99 ms gw / echo",
+    "p50 overhead",
+    "p99 overhead",
+    "lost",
+]
+PLOTS = BENCHMARKS_MD.parent / "bench"
+
+
+class TierTracker(Tracker):
+    """Also keeps each answered request's tier and latency."""
+
+    def __init__(self, codec: FrameCodec, is_gateway: bool) -> None:
+        super().__init__(codec, is_gateway)
+        self.by_tier: dict[str, list[float]] = defaultdict(list)
+
+    def received(self, frames: list[bytes], at: float) -> None:
+        if self.is_gateway:
+            decoded = self.codec.decode(frames)
+            if isinstance(decoded.payload, pb.ResponseBatch):
+                for r in decoded.payload.responses:
+                    if r.request_id in self.sent_at:
+                        tier = pb.Tier.Name(r.tier).removeprefix("TIER_").lower()
+                        self.by_tier[tier].append(at - self.sent_at[r.request_id])
+        super().received(frames, at)
+
+
+def open_loop(peer: Peer, requests: list[pb.InferRequest], rate: float, seconds: float) -> dict[str, Any]:
+    """One realtime request per frame at ``rate``/s for ``seconds``; latencies from the scheduled times."""
+    codec = FrameCodec()
+    is_gateway = not peer.name.startswith("echo")
+    tracker = TierTracker(codec, is_gateway)
+    poller = zmq.Poller()
+    poller.register(peer.sock, zmq.POLLIN)
+    total = int(rate * seconds)
+    start = time.perf_counter()
+    for i in range(total):
+        scheduled = start + i / rate
+        while (now := time.perf_counter()) < scheduled:
+            if poller.poll(max(0, int((scheduled - now) * 1000))):
+                drain(peer, tracker)
+        request = requests[i % len(requests)]
+        request.priority = pb.PRIORITY_CLASS_REALTIME
+        restamp([request], 5.0)
+        frames = codec.encode(
+            pb.RequestBatch(requests=[request]), agent_id="bench", region="us-west", priority=request.priority
+        )
+        tracker.sent(frames, [request], scheduled)
+        peer.sock.send_multipart(frames, copy=False)
+    deadline = time.perf_counter() + 10
+    while tracker.in_flight and time.perf_counter() < deadline:
+        if poller.poll(100):
+            drain(peer, tracker)
+    elapsed = time.perf_counter() - start
+    lat = np.array(tracker.latencies) * 1e3
+    return {
+        "peer": peer.name,
+        "rate": rate,
+        "answered": tracker.done,
+        "answered_per_s": tracker.done / elapsed,
+        "lost": total - tracker.done - sum(tracker.nacks.values()),
+        "p50_ms": float(np.percentile(lat, 50)) if len(lat) else float("nan"),
+        "p99_ms": float(np.percentile(lat, 99)) if len(lat) else float("nan"),
+        "latencies_ms": lat.tolist(),
+        "by_tier_ms": {t: (np.array(v) * 1e3).tolist() for t, v in tracker.by_tier.items()},
+    }
+
+
+def _peak_rss_mb(pid: int) -> float:
+    """VmHWM of the process and its children (the CPU workers), MiB."""
+    total = 0
+    pids = [pid]
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        pids += [int(c) for c in children]
+        for child in list(pids[1:]):
+            grand = Path(f"/proc/{child}/task/{child}/children").read_text().split()
+            pids += [int(g) for g in grand]
+    except OSError:
+        pass
+    for p in pids:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total / 1024
+
+
+def stress(peer: Peer, requests: list[pb.InferRequest], n: int = 10_000, batch: int = 100) -> dict[str, Any]:
+    """``n`` requests sent at once; waits (bounded) until each is answered or refused."""
+    codec = FrameCodec()
+    tracker = Tracker(codec, True)
+    poller = zmq.Poller()
+    poller.register(peer.sock, zmq.POLLIN)
+    start = time.perf_counter()
+    for offset in range(0, n, batch):
+        chunk = [requests[(offset + i) % len(requests)] for i in range(batch)]
+        copies = []
+        for request in chunk:
+            copy = pb.InferRequest()
+            copy.CopyFrom(request)
+            copies.append(copy)
+        restamp(copies, 60.0)
+        frames = codec.encode(pb.RequestBatch(requests=copies), agent_id="bench", region="us-west")
+        tracker.sent(frames, copies, time.perf_counter())
+        peer.sock.send_multipart(frames, copy=False)
+    deadline = time.perf_counter() + 120
+    while tracker.in_flight and time.perf_counter() < deadline:
+        if poller.poll(200):
+            drain(peer, tracker)
+    refused = sum(tracker.nacks.values()) + sum(v for k, v in tracker.statuses.items() if k != pb.STATUS_OK)
+    return {
+        "requests": n,
+        "ok": tracker.statuses.get(pb.STATUS_OK, 0),
+        "refused": refused,
+        "refusals": {
+            **dict(tracker.nacks),
+            **{
+                pb.Status.Name(cast(pb.Status.ValueType, k)): v
+                for k, v in tracker.statuses.items()
+                if k != pb.STATUS_OK
+            },
+        },
+        "lost": len(tracker.sent_at),
+        "seconds": time.perf_counter() - start,
+        "gateway_peak_rss_mb": _peak_rss_mb(peer.proc.pid),
+    }
+
+
+def plots(latency: list[dict[str, Any]]) -> list[Path]:
+    """Latency CDF per tier (highest gateway rate) and answered vs offered rate; PNGs under docs/bench."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    PLOTS.mkdir(parents=True, exist_ok=True)
+    written = []
+    gateway = [r for r in latency if not r["peer"].startswith("echo")]
+    top = max(gateway, key=lambda r: r["rate"])
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for tier, values in sorted(top["by_tier_ms"].items()):
+        xs = np.sort(values)
+        ax.plot(xs, np.arange(1, len(xs) + 1) / len(xs), label=f"{tier} ({len(xs)})")
+    echo = [r for r in latency if r["peer"].startswith("echo") and r["rate"] == top["rate"]]
+    if echo:
+        xs = np.sort(echo[0]["latencies_ms"])
+        ax.plot(xs, np.arange(1, len(xs) + 1) / len(xs), "k--", label="raw DEALER/ROUTER echo")
+    ax.set_xscale("log")
+    ax.set_xlabel("latency, ms (log)")
+    ax.set_ylabel("share of requests")
+    ax.set_title(f"Realtime requests, open loop at {top['rate']:g}/s")
+    ax.legend()
+    ax.grid(True, which="both", alpha=0.3)
+    path = PLOTS / "latency_cdf.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    written.append(path)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name in sorted({r["peer"] for r in latency}):
+        runs = sorted((r for r in latency if r["peer"] == name), key=lambda r: r["rate"])
+        ax.plot([r["rate"] for r in runs], [r["answered_per_s"] for r in runs], "o-", label=name)
+    ax.plot([0, max(RATES)], [0, max(RATES)], ":", color="grey", label="offered")
+    ax.set_xlabel("offered requests/s")
+    ax.set_ylabel("answered requests/s")
+    ax.legend()
+    ax.grid(True, alpha=0.3)
+    path = PLOTS / "throughput_vs_offered.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    written.append(path)
+    return written
+
+
+def render(result: dict[str, Any], seconds: float) -> str:
+    ingest = result["ingest"]
+    gw = ingest["gateway"]
+    rows = [
+        ["hk-gateway, frames of 100 (answered)", f"{gw:,.0f}", "-"],
+        ["raw pyzmq PUSH/PULL, 1 per frame", f"{ingest['pyzmq']:,.0f}", f"{gw / ingest['pyzmq']:.2f}x"],
+        [
+            "grpcio bidirectional stream, 1 per message",
+            f"{ingest['grpc']:,.0f}",
+            f"{gw / ingest['grpc']:.2f}x",
+        ],
+        ["HTTP/JSON, 1 POST per request", f"{ingest['http']:,.0f}", f"{gw / ingest['http']:.2f}x"],
+    ]
+    echo = {r["rate"]: r for r in result["latency"] if r["peer"].startswith("echo")}
+    lat_rows = []
+    for r in result["latency"]:
+        if r["peer"].startswith("echo"):
+            continue
+        base = echo.get(r["rate"])
+        over50 = (r["p50_ms"] - base["p50_ms"]) * 1000 if base else float("nan")
+        over99 = (r["p99_ms"] - base["p99_ms"]) if base else float("nan")
+        lat_rows.append(
+            [
+                f"{r['rate']:g}/s",
+                f"{r['answered_per_s']:,.0f}",
+                f"{r['p50_ms']:.2f} / {base['p50_ms'] if base else float('nan'):.2f}",
+                f"{r['p99_ms']:.2f} / {base['p99_ms'] if base else float('nan'):.2f}",
+                f"{over50:,.0f} us",
+                f"{over99:.2f} ms",
+                str(r["lost"]),
+            ]
+        )
+    s = result["stress"]
+    goals = [
+        ["ingest >= 150k records/s", f"{gw:,.0f}/s", "met" if gw >= 150_000 else "not met"],
+        [
+            ">= 2.0x raw pyzmq 1 per frame",
+            f"{gw / ingest['pyzmq']:.2f}x",
+            "met" if gw >= 2 * ingest["pyzmq"] else "not met",
+        ],
+        [
+            ">= 10x grpcio per message",
+            f"{gw / ingest['grpc']:.2f}x",
+            "met" if gw >= 10 * ingest["grpc"] else "not met",
+        ],
+    ]
+    at2k = next(
+        (r for r in result["latency"] if r["rate"] == 2000 and not r["peer"].startswith("echo")), None
+    )
+    if at2k is not None and 2000 in echo:
+        o50 = (at2k["p50_ms"] - echo[2000]["p50_ms"]) * 1000
+        o99 = at2k["p99_ms"] - echo[2000]["p99_ms"]
+        goals.append(["overhead p50 <= 150 us at 2k/s", f"{o50:,.0f} us", "met" if o50 <= 150 else "not met"])
+        goals.append(["overhead p99 <= 2 ms at 2k/s", f"{o99:.2f} ms", "met" if o99 <= 2 else "not met"])
+    goals.append(["10k in flight: 0 lost", str(s["lost"]), "met" if s["lost"] == 0 else "not met"])
+    goals.append(
+        [
+            "gateway RSS <= 500 MB",
+            f"{s['gateway_peak_rss_mb']:.0f} MiB",
+            "met" if s["gateway_peak_rss_mb"] <= 500 else "not met",
+        ]
+    )
+    return f"""## Whole path: ingest, latency, 10k in flight (issue 9)
+
+`python -m bench.ingest_bench --seconds {seconds:g} --write` ({stamp()}; {machine()}). Driver, gateway and
+baseline servers share the machine's two cores. The gateway runs the null backend (CPU stage, routing,
+batching and replies as in production; the model costs nothing).
+
+Ingest, records/s (same serialized requests everywhere; the gateway figure counts responses received):
+
+{table(["path", "records/s", "gateway vs it"], rows)}
+
+Open-loop realtime latency, one request per frame (gateway / raw DEALER-ROUTER echo at the same rate;
+overhead = the difference at that percentile):
+
+{table(LATENCY_HEADER, lat_rows)}
+
+10,000 requests in flight at once (100 frames of 100): {s["ok"]:,} answered OK, {s["refused"]:,} refused
+explicitly {s["refusals"] or ""}, **{s["lost"]} lost**, all settled in {s["seconds"]:.1f} s; gateway peak RSS
+(with its CPU workers) {s["gateway_peak_rss_mb"]:.0f} MiB.
+
+Against the issue's figures:
+
+{table(["figure", "measured", ""], goals)}
+
+Plots: [latency CDF per tier](bench/latency_cdf.png), [answered vs offered](bench/throughput_vs_offered.png).
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--write", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    requests = workload(2000, seed=9)
+    payloads = [r.SerializeToString() for r in requests]
+    documents = [json_format.MessageToJson(r, indent=None) for r in requests[:500]]
+    result: dict[str, Any] = {"ingest": {}}
+    result["ingest"]["pyzmq"] = baselines.pyzmq_push_pull(payloads, args.seconds)
+    result["ingest"]["grpc"] = baselines.grpc_stream(payloads, args.seconds)
+    result["ingest"]["http"] = baselines.http_json(documents, args.seconds)
+    with tempfile.TemporaryDirectory() as tmp:
+        gateway = start_gateway(Path(tmp), "null")
+        try:
+            time.sleep(1.0)
+            run = throughput(gateway, requests, args.seconds, True)
+            result["ingest"]["gateway"] = run.records_per_s
+            result["latency"] = [open_loop(gateway, requests, rate, args.seconds) for rate in RATES]
+            result["stress"] = stress(gateway, requests)
+        finally:
+            gateway.close()
+        echo = Peer("echo (raw DEALER/ROUTER)", [sys.executable, "-m", "bench.echo"], ready="stdout")
+        try:
+            result["latency"] += [open_loop(echo, requests, rate, args.seconds) for rate in RATES]
+        finally:
+            echo.close()
+    summary = {k: v for k, v in result.items() if k != "latency"}
+    summary["latency"] = [
+        {k: v for k, v in r.items() if k not in ("latencies_ms", "by_tier_ms")} for r in result["latency"]
+    ]
+    print(json.dumps(summary, indent=2) if args.json else render(result, args.seconds))
+    if args.write:
+        plots(result["latency"])
+        update_section("ingest", render(result, args.seconds))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
