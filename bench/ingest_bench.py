@@ -303,6 +303,17 @@ Against the issue's figures:
 {table(["figure", "measured", ""], goals)}
 
 Plots: [latency CDF per tier](bench/latency_cdf.png), [answered vs offered](bench/throughput_vs_offered.png).
+
+What limits the gateway today (cProfile of the gateway process under the ingest run, 2026-11-30): the
+event loop is idle about two thirds of the time; per request it spends about 65 us in Python between the
+frame and the pool queue (screening and dedupe ~10 us, building the routing profile and deciding ~20 us,
+queueing with its size group ~11 us, Prometheus children and increments ~15-20 us), and about 18 us more
+to answer. The CPU stage's worker process is the other core: the realistic ranking requests carry ~90
+candidates each (prepare ~60 us, finish ~30 us per request, bench/cpu_stage_bench.py). The driver, which
+encodes and decodes every frame, shares the two cores. 150k records/s leaves under 7 us per record on
+two cores: that needs per-frame work instead of per-request Python (one routing decision per
+(model, priority, size) group of a frame, queueing and metrics per group, responses assembled from
+worker-serialized bytes), not tuning.
 """
 
 
