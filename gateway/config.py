@@ -178,6 +178,7 @@ class PoolDispatch(_Section):
     max_batch_size: int = Field(default=32, ge=1)
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue_delay_us: int = Field(default=2000, ge=0)
+    realtime_queue_delay_us: int = Field(default=0, ge=0)  # the wait when a realtime request is queued
     batching: bool = True  # off for backends that batch themselves (Triton dynamic_batching)
     # Batch padded requests (text) only with others of their size bucket, so padding stays small.
     group_by_size: bool = True

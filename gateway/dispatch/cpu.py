@@ -26,6 +26,9 @@ from gateway.pipeline.base import Prepared
 
 log = structlog.get_logger("gateway.cpu")
 CpuMode = Literal["process", "thread"]
+ON_LOOP_PIPELINES = frozenset({"ranking", "text", "tensor"})
+"""Pipelines whose small batches (``inline_max_requests``) run on the event loop itself: bounded, cheap
+per request (a ranking request is capped by the model's rows, a text by 16 KiB), unlike image decoding."""
 T = TypeVar("T")
 
 
@@ -76,17 +79,27 @@ class CpuStage:
         return sorted(processes)
 
     async def prepare(self, pipeline: str, spec: ModelSpec, payloads: Sequence[bytes]) -> Prepared:
-        return await self._run(len(payloads), worker.prepare_batch, pipeline, spec, payloads)
+        return await self._run(pipeline, len(payloads), worker.prepare_batch, pipeline, spec, payloads)
 
     async def finish(
         self, pipeline: str, prepared: Prepared, outputs: Mapping[str, np.ndarray], payloads: Sequence[bytes]
     ) -> list[bytes]:
         return await self._run(
-            len(payloads), worker.finish_batch, pipeline, worker.without_inputs(prepared), outputs, payloads
+            pipeline,
+            len(payloads),
+            worker.finish_batch,
+            pipeline,
+            worker.without_inputs(prepared),
+            outputs,
+            payloads,
         )
 
-    async def _run(self, size: int, fn: Callable[..., T], *args: Any) -> T:
+    async def _run(self, pipeline: str, size: int, fn: Callable[..., T], *args: Any) -> T:
         if self._inline is not None and size <= self.inline_max_requests:
+            if pipeline in ON_LOOP_PIPELINES:
+                # Tens of microseconds of work: a thread hand-off each way would cost more than that
+                # and add its own latency. Image decoding (milliseconds) never runs here.
+                return fn(*args)
             return await asyncio.get_running_loop().run_in_executor(self._inline, fn, *args)
         executor = self._executor
         if executor is None:

@@ -3,7 +3,9 @@ call to the backend through the CPU pipeline and the circuit breaker.
 
 Batching follows Triton's dynamic batcher: a batch goes out at once when the queue holds one of the
 preferred sizes (the largest that fits) or ``max_batch_size``; otherwise the oldest request waits at most
-``max_queue_delay_us`` for company. Realtime requests are taken before interactive, interactive before
+``max_queue_delay_us`` for company. A queue with a realtime request waits at most
+``realtime_queue_delay_us`` instead (0 by default: a realtime request goes out with whatever is queued
+with it, never waiting for company). Realtime requests are taken before interactive, interactive before
 batch. The queue is bounded: :meth:`PoolDispatcher.submit` refuses instead of growing.
 """
 
@@ -110,6 +112,7 @@ class PoolDispatcher:
         self._max_batch = dispatch.max_batch_size if dispatch.batching else 1
         self._preferred = sorted(p for p in dispatch.preferred_batch_sizes if p <= self._max_batch)
         self._delay_s = dispatch.max_queue_delay_us / 1e6 if dispatch.batching else 0.0
+        self._realtime_delay_s = min(dispatch.realtime_queue_delay_us / 1e6, self._delay_s)
 
     # ------------------------------------------------------------------ signals for routing
 
@@ -220,9 +223,13 @@ class PoolDispatcher:
         fitting = [p for p in self._preferred if p <= n]
         if fitting:
             return fitting[-1]
-        if now - queue.oldest_enqueued() >= self._delay_s:
+        if now - queue.oldest_enqueued() >= self._delay_for(queue):
             return n
         return 0
+
+    def _delay_for(self, queue: _ModelQueue) -> float:
+        """How long the queue's oldest request may wait for company: less when a realtime one is queued."""
+        return self._realtime_delay_s if queue.lanes[0] else self._delay_s
 
     async def _run(self) -> None:
         while True:
@@ -236,7 +243,7 @@ class PoolDispatcher:
             size = self._ready_size(key, queue, now)
             if size == 0:
                 self._wake.clear()
-                wait = self._delay_s - (now - queue.oldest_enqueued())
+                wait = self._delay_for(queue) - (now - queue.oldest_enqueued())
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=max(wait, 0.0))
                 continue

@@ -85,6 +85,9 @@ def item_rows(item_ids: np.ndarray, table_rows: int) -> np.ndarray:
     return (z % np.uint64(table_rows)).astype(np.int64)
 
 
+_LAYOUTS: dict[tuple[object, ...], RankingLayout] = {}
+
+
 @dataclass(frozen=True, slots=True)
 class RankingLayout:
     """Where each feature group sits in a row, and how dense features are normalised, from a model's spec."""
@@ -101,7 +104,24 @@ class RankingLayout:
 
     @classmethod
     def of(cls, spec: ModelSpec) -> RankingLayout:
-        """The layout of a ranking model; a spec whose widths do not add up is a ValueError."""
+        """The layout of a ranking model (parsed once per model version and parameters); a spec whose
+        widths do not add up is a ValueError."""
+        key = (
+            spec.name,
+            spec.version,
+            spec.max_batch_size,
+            spec.inputs,
+            tuple(sorted(spec.parameters.items())),
+        )
+        layout = _LAYOUTS.get(key)
+        if layout is None:
+            if len(_LAYOUTS) >= 256:  # bounded: a few models, a few versions
+                _LAYOUTS.clear()
+            layout = _LAYOUTS[key] = cls._parse(spec)
+        return layout
+
+    @classmethod
+    def _parse(cls, spec: ModelSpec) -> RankingLayout:
         features, *extra = spec.inputs
         params = spec.parameters
         candidate_width = int(params.get("candidate_feature_width", "8"))

@@ -39,13 +39,14 @@ def tokenize(texts: Sequence[str], spec: ModelSpec) -> tuple[list[np.ndarray], l
     """Token ids (int64, [CLS] first, at most the model's ``max_tokens``) per text, and which were cut."""
     params = spec.parameters
     vocab = int(params.get("vocab_size", "8192"))
-    encoder = tokenizer.load(
-        params.get("tokenizer", tokenizer.DEFAULT_TOKENIZER), int(params.get("max_tokens", "128"))
+    name, max_tokens = (
+        params.get("tokenizer", tokenizer.DEFAULT_TOKENIZER),
+        int(params.get("max_tokens", "128")),
     )
-    if encoder.get_vocab_size() > vocab:
-        raise ValueError(
-            f"model {spec.name}: tokenizer has {encoder.get_vocab_size()} entries, the model {vocab}"
-        )
+    encoder = tokenizer.load(name, max_tokens)
+    entries = tokenizer.vocabulary_size(name, max_tokens)
+    if entries > vocab:
+        raise ValueError(f"model {spec.name}: tokenizer has {entries} entries, the model {vocab}")
     encodings = encoder.encode_batch(list(texts))
     return (
         [np.asarray(e.ids, dtype=np.int64) for e in encodings],

@@ -265,3 +265,22 @@ async def test_text_is_batched_by_size_bucket_to_keep_padding_small(models_dir: 
         assert batches >= 1
         waste[grouped] = total / batches
     assert waste[True] < 0.2 < waste[False], waste
+
+
+async def test_realtime_request_does_not_wait_for_company(models_dir: Path) -> None:
+    """With a 400 ms max_queue_delay, a lone interactive request waits for company and a lone realtime
+    request does not (realtime_queue_delay_us defaults to 0)."""
+    overrides = split_backends(models_dir)
+    overrides["pools"]["cpu"] = {"backend": "embedded", "max_batch_size": 64, "max_queue_delay_us": 400_000}
+    waited: dict[int, float] = {}
+    async with run_gateway(models_dir=models_dir, **overrides) as gw, WireClient(gw.endpoint("hgc")) as agent:
+        for priority in (pb.PRIORITY_CLASS_INTERACTIVE, pb.PRIORITY_CLASS_REALTIME):
+            (request,) = fresh_requests(synthetic(1, seed=47, kind=pb.REQUEST_KIND_TEXT))
+            request.complexity_hint = 0.0  # the CPU pool
+            request.priority = priority
+            started = time.monotonic()
+            (response,) = await agent.infer([request])
+            assert response.status == pb.STATUS_OK and response.pool == "cpu", response
+            waited[priority] = time.monotonic() - started
+    assert waited[pb.PRIORITY_CLASS_INTERACTIVE] >= 0.4, waited
+    assert waited[pb.PRIORITY_CLASS_REALTIME] < 0.2, waited
