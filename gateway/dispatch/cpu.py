@@ -27,8 +27,9 @@ from gateway.pipeline.base import Prepared
 log = structlog.get_logger("gateway.cpu")
 CpuMode = Literal["process", "thread"]
 ON_LOOP_PIPELINES = frozenset({"ranking", "text", "tensor"})
-"""Pipelines whose small batches (``inline_max_requests``) run on the event loop itself: bounded, cheap
-per request (a ranking request is capped by the model's rows, a text by 16 KiB), unlike image decoding."""
+ON_LOOP_MAX_BYTES = 64 << 10
+"""Pipelines whose small batches (``inline_max_requests``, at most ``ON_LOOP_MAX_BYTES`` of requests) run
+on the event loop itself: cheap per request, unlike image decoding."""
 T = TypeVar("T")
 
 
@@ -79,14 +80,14 @@ class CpuStage:
         return sorted(processes)
 
     async def prepare(self, pipeline: str, spec: ModelSpec, payloads: Sequence[bytes]) -> Prepared:
-        return await self._run(pipeline, len(payloads), worker.prepare_batch, pipeline, spec, payloads)
+        return await self._run(pipeline, payloads, worker.prepare_batch, pipeline, spec, payloads)
 
     async def finish(
         self, pipeline: str, prepared: Prepared, outputs: Mapping[str, np.ndarray], payloads: Sequence[bytes]
     ) -> list[bytes]:
         return await self._run(
             pipeline,
-            len(payloads),
+            payloads,
             worker.finish_batch,
             pipeline,
             worker.without_inputs(prepared),
@@ -94,11 +95,12 @@ class CpuStage:
             payloads,
         )
 
-    async def _run(self, pipeline: str, size: int, fn: Callable[..., T], *args: Any) -> T:
-        if self._inline is not None and size <= self.inline_max_requests:
-            if pipeline in ON_LOOP_PIPELINES:
+    async def _run(self, pipeline: str, payloads: Sequence[bytes], fn: Callable[..., T], *args: Any) -> T:
+        if self._inline is not None and len(payloads) <= self.inline_max_requests:
+            if pipeline in ON_LOOP_PIPELINES and sum(map(len, payloads)) <= ON_LOOP_MAX_BYTES:
                 # Tens of microseconds of work: a thread hand-off each way would cost more than that
-                # and add its own latency. Image decoding (milliseconds) never runs here.
+                # and add its own latency. Image decoding (milliseconds) never runs here, nor a
+                # request big enough (thousands of candidates) to hold the loop up.
                 return fn(*args)
             return await asyncio.get_running_loop().run_in_executor(self._inline, fn, *args)
         executor = self._executor
