@@ -16,7 +16,7 @@ import asyncio
 import json
 import multiprocessing
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import grpc
@@ -73,6 +73,19 @@ def pyzmq_push_pull(payloads: Sequence[bytes], seconds: float) -> float:
     return float(count / elapsed)
 
 
+def _start(target: Callable[[int, Any], None]) -> tuple[int, Any]:
+    """A baseline server process on a free loopback port, once it says it is ready."""
+    context = multiprocessing.get_context("spawn")
+    ready = context.Event()
+    port = free_port()
+    server = context.Process(target=target, args=(port, ready), daemon=True)
+    server.start()
+    if not ready.wait(30):
+        server.terminate()
+        raise RuntimeError(f"baseline server {target.__name__} did not start")
+    return port, server
+
+
 def _grpc_server(port: int, ready: Any) -> None:
     from concurrent import futures
 
@@ -94,14 +107,8 @@ def _grpc_server(port: int, ready: Any) -> None:
 
 def grpc_stream(payloads: Sequence[bytes], seconds: float) -> float:
     """Messages per second through one bidirectional stream, each acknowledged by the server."""
-    context = multiprocessing.get_context("spawn")
-    ready = context.Event()
-    port = free_port()
-    server = context.Process(target=_grpc_server, args=(port, ready), daemon=True)
-    server.start()
+    port, server = _start(_grpc_server)
     try:
-        if not ready.wait(30):
-            raise RuntimeError("gRPC baseline server did not start")
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         call = channel.stream_stream(_METHOD)
         n = len(payloads)
@@ -147,14 +154,8 @@ def http_json(documents: Sequence[str], seconds: float, concurrency: int = 16) -
     """Requests per second, one JSON POST per request, ``concurrency`` in flight on keep-alive connections."""
     import aiohttp
 
-    context = multiprocessing.get_context("spawn")
-    ready = context.Event()
-    port = free_port()
-    server = context.Process(target=_http_server, args=(port, ready), daemon=True)
-    server.start()
+    port, server = _start(_http_server)
     try:
-        if not ready.wait(30):
-            raise RuntimeError("HTTP baseline server did not start")
 
         async def drive() -> tuple[int, float]:
             url = f"http://127.0.0.1:{port}/infer"

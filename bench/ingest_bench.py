@@ -31,7 +31,16 @@ import zmq
 from google.protobuf import json_format
 
 from bench import baselines
-from bench.gateway_bench import Peer, Tracker, drain, restamp, start_gateway, throughput, workload
+from bench.gateway_bench import (
+    Peer,
+    Tracker,
+    drain,
+    open_loop_drive,
+    restamp,
+    start_gateway,
+    throughput,
+    workload,
+)
 from bench.report import BENCHMARKS_MD, machine, stamp, table, update_section
 from edgewire import FrameCodec, pb
 
@@ -68,31 +77,9 @@ class TierTracker(Tracker):
 
 def open_loop(peer: Peer, requests: list[pb.InferRequest], rate: float, seconds: float) -> dict[str, Any]:
     """One realtime request per frame at ``rate``/s for ``seconds``; latencies from the scheduled times."""
-    codec = FrameCodec()
-    is_gateway = not peer.name.startswith("echo")
-    tracker = TierTracker(codec, is_gateway)
-    poller = zmq.Poller()
-    poller.register(peer.sock, zmq.POLLIN)
+    tracker = TierTracker(FrameCodec(), not peer.name.startswith("echo"))
+    elapsed = open_loop_drive(peer, requests, rate, seconds, tracker)
     total = int(rate * seconds)
-    start = time.perf_counter()
-    for i in range(total):
-        scheduled = start + i / rate
-        while (now := time.perf_counter()) < scheduled:
-            if poller.poll(max(0, int((scheduled - now) * 1000))):
-                drain(peer, tracker)
-        request = requests[i % len(requests)]
-        request.priority = pb.PRIORITY_CLASS_REALTIME
-        restamp([request], 5.0)
-        frames = codec.encode(
-            pb.RequestBatch(requests=[request]), agent_id="bench", region="us-west", priority=request.priority
-        )
-        tracker.sent(frames, [request], scheduled)
-        peer.sock.send_multipart(frames, copy=False)
-    deadline = time.perf_counter() + 10
-    while tracker.in_flight and time.perf_counter() < deadline:
-        if poller.poll(100):
-            drain(peer, tracker)
-    elapsed = time.perf_counter() - start
     lat = np.array(tracker.latencies) * 1e3
     return {
         "peer": peer.name,
