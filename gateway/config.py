@@ -229,6 +229,17 @@ class CaptureConfig(_Section):
     redact_key_file: str | None = None  # >= 16 bytes; without one a random key per process
 
 
+class ModelPipelineConfig(_Section):
+    """A model's CPU-stage pipeline declared on the gateway, over what its backend's model config says.
+
+    For models whose ``config.pbtxt`` the operator does not control (a Triton or Ray Serve model of another
+    team): ``[pipelines.<model>] pipeline = "text"`` and ``parameters = { tokenizer = "...", ... }``.
+    """
+
+    pipeline: Literal["ranking", "text", "image", "tensor"] | None = None  # None: keep the backend's
+    parameters: dict[str, str] = {}  # merged over the model's own parameters
+
+
 class GatewayConfig(_Section):
     """Everything ``hk-gateway`` needs; built by :func:`load_config`."""
 
@@ -252,6 +263,7 @@ class GatewayConfig(_Section):
     dictionaries: Path | None = None  # directory of <dict_id>.zdict files
     backends: dict[str, dict[str, Any]]  # name -> {type = "...", backend options}
     pools: dict[str, PoolDispatch]
+    pipelines: dict[str, ModelPipelineConfig] = {}  # model name -> gateway-side pipeline declaration
     routing: RoutingConfig
 
     @field_validator("carriers")
@@ -298,6 +310,8 @@ class GatewayConfig(_Section):
         for name, pool in self.pools.items():
             if pool.backend not in self.backends:
                 problems.append((f"pools.{name}.backend", f"no backend named {pool.backend!r}"))
+        for name in sorted(set(self.pipelines) - set(self.routing.models)):
+            problems.append((f"pipelines.{name}", "not a model of the routing section ([routing.models])"))
         if problems:
             raise _CrossReferenceError(problems)
         return self

@@ -165,6 +165,7 @@ class Gateway:
                     respond=ingest.respond,
                     reroute=ingest.reroute,
                     observe=self._observe_latency,
+                    pipelines=cfg.pipelines,
                 )
                 self.pools[name].start()
             for carrier_cfg in cfg.carriers:

@@ -16,7 +16,7 @@ import contextlib
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,13 +24,13 @@ import structlog
 
 from edgewire import labels, pb
 from gateway.backends.base import Backend, BackendError, BackendHealth, InferCall, InferResult, ModelSpec
-from gateway.config import PoolDispatch
+from gateway.config import ModelPipelineConfig, PoolDispatch
 from gateway.dispatch.breaker import BreakerState, CircuitBreaker
 from gateway.dispatch.cpu import CpuStage
 from gateway.dispatch.work import PRIORITY_ORDER, WorkItem
 from gateway.ops.metrics import GatewayMetrics
 from gateway.pipeline.base import Prepared
-from gateway.pipeline.registry import PADDED_PIPELINES
+from gateway.pipeline.registry import PADDED_PIPELINES, declared
 from gateway.pipeline.text import estimated_tokens, length_bucket
 from routing.types import PoolSignals
 
@@ -88,6 +88,7 @@ class PoolDispatcher:
         reroute: Reroute,
         observe: Observe | None = None,
         ewma_alpha: float = 0.2,
+        pipelines: Mapping[str, ModelPipelineConfig] | None = None,
     ) -> None:
         self.name = name
         self.dispatch = dispatch
@@ -101,6 +102,8 @@ class PoolDispatcher:
         self._reroute = reroute
         self._observe = observe
         self._alpha = ewma_alpha
+        self._pipelines = dict(pipelines or {})
+        self._declared: dict[tuple[str, str], tuple[ModelSpec, ModelSpec]] = {}  # (backend's, declared)
         # One queue per (model, version, size group); the size group is 0 unless padding makes it matter.
         self._queues: dict[tuple[str, str, int], _ModelQueue] = {}
         self._depth = 0
@@ -160,10 +163,27 @@ class PoolDispatcher:
         """
         if not self.dispatch.group_by_size:
             return 0
-        spec = self.backend.model(item.model, item.version)
+        spec = self._spec(item.model, item.version)
         if spec is None or spec.pipeline not in PADDED_PIPELINES:
             return 0
         return length_bucket(estimated_tokens(item.request.text.text))
+
+    def _spec(self, model: str, version: str) -> ModelSpec | None:
+        """The backend's spec of the model, with the gateway's ``[pipelines.<model>]`` declaration applied
+        (recomputed only when the backend swaps the spec, e.g. after a model reload)."""
+        spec = self.backend.model(model, version)
+        override = self._pipelines.get(model)
+        if spec is None or override is None:
+            return spec
+        cached = self._declared.get((model, version))
+        if cached is None or cached[0] is not spec:
+            if len(self._declared) >= 1024:  # bounded: models x versions
+                self._declared.clear()
+            cached = self._declared[(model, version)] = (
+                spec,
+                declared(spec, override.pipeline, override.parameters),
+            )
+        return cached[1]
 
     def take_queued(self) -> list[WorkItem]:
         """Remove and return everything still queued (drain hands it back to the agents)."""
@@ -214,7 +234,7 @@ class PoolDispatcher:
         A model its server batches itself (Triton ``dynamic_batching``, Ray Serve ``@serve.batch``) goes
         one request per call, at once: batching twice only adds the gateway's delay to the server's.
         """
-        spec = self.backend.model(key[0], key[1])
+        spec = self._spec(key[0], key[1])
         if spec is not None and spec.server_batching:
             return 1
         n = len(queue)
@@ -299,7 +319,7 @@ class PoolDispatcher:
     async def _serve_batch(self, items: list[WorkItem]) -> None:
         now = time.monotonic()
         model, version = items[0].model, items[0].version
-        spec = self.backend.model(model, version)
+        spec = self._spec(model, version)
         if spec is None:
             for item in items:
                 self._answer_status(item, "MODEL_NOT_FOUND", f"{self.name} does not serve it")

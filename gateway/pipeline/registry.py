@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Final
 
+from gateway.backends.base import ModelSpec
 from gateway.pipeline.base import Pipeline
 from gateway.pipeline.image import ImagePipeline
 from gateway.pipeline.ranking import RankingPipeline
@@ -34,3 +36,12 @@ def pipeline_for(name: str) -> Pipeline:
     except KeyError:
         raise ValueError(f"unknown pipeline {name!r}; known: {list(PIPELINE_NAMES)}") from None
     return factory()
+
+
+def declared(spec: ModelSpec, pipeline: str | None, parameters: Mapping[str, str]) -> ModelSpec:
+    """``spec`` with the gateway's pipeline declaration applied (``[pipelines.<model>]``)."""
+    if pipeline is None and not parameters:
+        return spec
+    return dataclasses.replace(
+        spec, pipeline=pipeline or spec.pipeline, parameters={**spec.parameters, **parameters}
+    )

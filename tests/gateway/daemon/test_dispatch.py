@@ -8,9 +8,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from edgewire import now_unix_us, pb
+from gateway.config import ConfigError, load_config
 from gateway.server import Gateway
-from gateway.testing import FaultInjectingBackend, WireClient, fresh_requests, run_gateway, wait_for
+from gateway.testing import (
+    FaultInjectingBackend,
+    WireClient,
+    fresh_requests,
+    loopback_overrides,
+    run_gateway,
+    wait_for,
+)
 from routing.config import DEFAULT_ROUTING_SECTION
 from tests.gateway.daemon.test_serving import synthetic
 
@@ -275,7 +285,7 @@ async def test_realtime_request_does_not_wait_for_company(models_dir: Path) -> N
     waited: dict[int, float] = {}
     async with run_gateway(models_dir=models_dir, **overrides) as gw, WireClient(gw.endpoint("hgc")) as agent:
         for priority in (pb.PRIORITY_CLASS_INTERACTIVE, pb.PRIORITY_CLASS_REALTIME):
-            (request,) = fresh_requests(synthetic(1, seed=47, kind=pb.REQUEST_KIND_TEXT))
+            request = synthetic(8, seed=47, kind=pb.REQUEST_KIND_TEXT)[0]
             request.complexity_hint = 0.0  # the CPU pool
             request.priority = priority
             started = time.monotonic()
@@ -284,3 +294,30 @@ async def test_realtime_request_does_not_wait_for_company(models_dir: Path) -> N
             waited[priority] = time.monotonic() - started
     assert waited[pb.PRIORITY_CLASS_INTERACTIVE] >= 0.4, waited
     assert waited[pb.PRIORITY_CLASS_REALTIME] < 0.2, waited
+
+
+async def test_pipeline_declared_in_the_gateway_config_overrides_the_models(models_dir: Path) -> None:
+    """[pipelines.text-encoder] parameters = {max_tokens = "8"}: a 20-word text is cut to 8 tokens (counted),
+    where the model's own config (128) serves it whole; a declaration for an unknown model is refused."""
+    words = " ".join(["wireless", "earbuds", "noise", "cancelling", "waterproof"] * 4)
+    truncated: dict[bool, float] = {}
+    for declared in (False, True):
+        overrides = split_backends(models_dir)
+        if declared:
+            overrides["pipelines"] = {"text-encoder": {"parameters": {"max_tokens": "8"}}}
+        request = synthetic(8, seed=48, kind=pb.REQUEST_KIND_TEXT)[0]
+        request.text.text = words
+        request.complexity_hint = 0.0
+        async with (
+            run_gateway(models_dir=models_dir, **overrides) as gw,
+            WireClient(gw.endpoint("hgc")) as agent,
+        ):
+            (response,) = await agent.infer([request])
+            assert response.status == pb.STATUS_OK, response
+            truncated[declared] = sample(gw, "hkgw_input_truncated_total", model="text-encoder")
+    assert truncated == {False: 0.0, True: 1.0}
+    bad = split_backends(models_dir)
+    bad["pipelines"] = {"no-such-model": {"pipeline": "text"}}
+    with pytest.raises(ConfigError) as caught:
+        load_config(environ={}, overrides=loopback_overrides(models_dir, **bad))
+    assert [key for key, _ in caught.value.problems] == ["pipelines.no-such-model"]
