@@ -296,11 +296,14 @@ event loop is idle about two thirds of the time; per request it spends about 65 
 frame and the pool queue (screening and dedupe ~10 us, building the routing profile and deciding ~20 us,
 queueing with its size group ~11 us, Prometheus children and increments ~15-20 us), and about 18 us more
 to answer. The CPU stage's worker process is the other core: the realistic ranking requests carry ~90
-candidates each (prepare ~60 us, finish ~30 us per request, bench/cpu_stage_bench.py). The driver, which
-encodes and decodes every frame, shares the two cores. 150k records/s leaves under 7 us per record on
-two cores: that needs per-frame work instead of per-request Python (one routing decision per
-(model, priority, size) group of a frame, queueing and metrics per group, responses assembled from
-worker-serialized bytes), not tuning.
+candidates each (prepare ~60 us, finish ~30 us per request, bench/cpu_stage_bench.py), and its two
+executor round trips per batch (payloads sent twice, features pickled back) cost more than that work:
+ranking batches of 32 through the worker pool run at ~4.3k req/s one at a time against ~10.9k req/s for
+the same calls in-process. The driver, which encodes and decodes every frame, shares the two cores.
+150k records/s leaves under 7 us per record on two cores: that needs per-frame work instead of
+per-request Python (one routing decision per (model, priority, size) group of a frame, queueing and
+metrics per group, responses assembled from worker-serialized bytes) and one worker call per batch
+(prepare, infer and finish together for in-process backends), not tuning.
 """
 
 
