@@ -267,32 +267,38 @@ async def test_routes_follow_carrier_health(
     print(f"drain withdrawn after {took:.2f} s, failed ingress after {failed:.2f} s")
 
 
-async def test_killed_gateway_withdraws_every_carrier_and_returns(
+async def test_drained_or_killed_gateway_withdraws_every_carrier_and_returns(
     carriers_net: str, models_dir: Path, tmp_path: Path, exabgp_factory: Callable[[Path], ExaBgp]
 ) -> None:
-    """kill -9 of the gateway: its health stops answering, every prefix is withdrawn within the stated time;
-    a new gateway on the same port brings them back."""
+    """SIGTERM (systemctl stop): health DRAINING at once, every prefix withdrawn at the next reading, while
+    the gateway is still draining. kill -9: health stops answering, every prefix withdrawn within the
+    stated fall time. Each time a new gateway on the same port brings the prefixes back."""
     port = free_port()
     toml = announcer_config(tmp_path / "announcers.toml", port)
-    (tmp_path / "first").mkdir()
-    (tmp_path / "second").mkdir()
-    process_config = write_config(tmp_path / "first" / "gateway.toml", models_dir, http_port=port)
-    first = GatewayProcess(process_config)
-    await first.start()
-    exabgp_factory(toml)
     prefixes = {p[3] for p in PEERS.values()}
-    try:
-        await wait_for(lambda: set(routes(carriers_net)) == prefixes, 15, what="all announced")
-        first.kill_group()
-        took = await wait_for(
-            lambda: not routes(carriers_net), WITHDRAW_WITHIN_S, what="all withdrawn after kill -9"
-        )
-    finally:
-        await first.stop()
-    second = GatewayProcess(write_config(tmp_path / "second" / "gateway.toml", models_dir, http_port=port))
-    await second.start()
-    try:
-        await wait_for(lambda: set(routes(carriers_net)) == prefixes, 5, what="announced again after restart")
-    finally:
-        await second.stop()
-    print(f"withdrawn {took:.2f} s after the kill")
+    took: dict[str, float] = {}
+    exabgp_started = False
+    for step in ("drain", "kill", "final"):
+        (tmp_path / step).mkdir()
+        gateway = GatewayProcess(write_config(tmp_path / step / "gateway.toml", models_dir, http_port=port))
+        await gateway.start()
+        if not exabgp_started:
+            exabgp_factory(toml)
+            exabgp_started = True
+        try:
+            await wait_for(lambda: set(routes(carriers_net)) == prefixes, 15, what=f"all announced ({step})")
+            if step == "drain":
+                gateway.signal(signal.SIGTERM)
+                took[step] = await wait_for(
+                    lambda: not routes(carriers_net), INTERVAL_S + TIMEOUT_S + 1.0, what="withdrawn on drain"
+                )
+                assert gateway.proc is not None and gateway.proc.returncode is None  # still draining
+                assert await gateway.wait(30) == 0
+            elif step == "kill":
+                gateway.kill_group()
+                took[step] = await wait_for(
+                    lambda: not routes(carriers_net), WITHDRAW_WITHIN_S, what="all withdrawn after kill -9"
+                )
+        finally:
+            await gateway.stop()
+    print(f"withdrawn {took['drain']:.2f} s after SIGTERM, {took['kill']:.2f} s after kill -9")
