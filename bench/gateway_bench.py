@@ -65,22 +65,29 @@ def _stat(pid: int) -> tuple[int, float] | None:
     return int(fields[1]), (int(fields[11]) + int(fields[12])) / TICKS
 
 
-def cpu_seconds(root: int) -> tuple[float, dict[str, float]]:
-    """CPU seconds of a process and all its descendants (the gateway's CPU-stage workers included)."""
-    stats = {int(p.name): _stat(int(p.name)) for p in Path("/proc").iterdir() if p.name.isdigit()}
+def process_tree(root: int) -> list[int]:
+    """A process and all its descendants (the gateway's forkserver and CPU workers), from /proc."""
+    parents = {int(p.name): _stat(int(p.name)) for p in Path("/proc").iterdir() if p.name.isdigit()}
     children: dict[int, list[int]] = {}
-    for pid, stat in stats.items():
+    for pid, stat in parents.items():
         if stat is not None:
             children.setdefault(stat[0], []).append(pid)
-    by_role: dict[str, float] = {}
-    stack = [root]
+    tree, stack = [], [root]
     while stack:
         pid = stack.pop()
-        stat = stats.get(pid)
+        tree.append(pid)
+        stack.extend(children.get(pid, []))
+    return tree
+
+
+def cpu_seconds(root: int) -> tuple[float, dict[str, float]]:
+    """CPU seconds of a process and all its descendants (the gateway's CPU-stage workers included)."""
+    by_role: dict[str, float] = {}
+    for pid in process_tree(root):
+        stat = _stat(pid)
         if stat is not None:
             role = "main process" if pid == root else "child processes"
             by_role[role] = by_role.get(role, 0.0) + stat[1]
-        stack.extend(children.get(pid, []))
     return sum(by_role.values()), dict(by_role)
 
 

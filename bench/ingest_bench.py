@@ -36,6 +36,7 @@ from bench.gateway_bench import (
     Tracker,
     drain,
     open_loop_drive,
+    process_tree,
     restamp,
     start_gateway,
     throughput,
@@ -95,18 +96,9 @@ def open_loop(peer: Peer, requests: list[pb.InferRequest], rate: float, seconds:
 
 
 def _peak_rss_mb(pid: int) -> float:
-    """VmHWM of the process and its children (the CPU workers), MiB."""
+    """VmHWM of the process and its descendants (the CPU workers), MiB."""
     total = 0
-    pids = [pid]
-    try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        pids += [int(c) for c in children]
-        for child in list(pids[1:]):
-            grand = Path(f"/proc/{child}/task/{child}/children").read_text().split()
-            pids += [int(g) for g in grand]
-    except OSError:
-        pass
-    for p in pids:
+    for p in process_tree(pid):
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmHWM:"):
