@@ -42,6 +42,7 @@ from gateway.ops.health import CarrierProbe, CarrierState, HealthSnapshot, Hyste
 from gateway.ops.http import HealthServer
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.notify import SystemdNotifier
+from gateway.pipeline.registry import PipelineDeclarations
 from gateway.replies import ReplyRouter
 from routing.geo import RegionResolver
 from routing.holder import PolicyHolder
@@ -151,6 +152,7 @@ class Gateway:
                 )
                 for name in self.backends
             }
+            declarations = PipelineDeclarations(cfg.pipelines)  # one for every pool
             for name, dispatch in cfg.pools.items():
                 pool_cfg = routing_pools[name]
                 self.pools[name] = PoolDispatcher(
@@ -165,7 +167,7 @@ class Gateway:
                     respond=ingest.respond,
                     reroute=ingest.reroute,
                     observe=self._observe_latency,
-                    pipelines=cfg.pipelines,
+                    pipelines=declarations,
                 )
                 self.pools[name].start()
             for carrier_cfg in cfg.carriers:

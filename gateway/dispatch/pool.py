@@ -16,7 +16,7 @@ import contextlib
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,13 +24,13 @@ import structlog
 
 from edgewire import labels, pb
 from gateway.backends.base import Backend, BackendError, BackendHealth, InferCall, InferResult, ModelSpec
-from gateway.config import ModelPipelineConfig, PoolDispatch
+from gateway.config import PoolDispatch
 from gateway.dispatch.breaker import BreakerState, CircuitBreaker
 from gateway.dispatch.cpu import CpuStage
 from gateway.dispatch.work import PRIORITY_ORDER, WorkItem
 from gateway.ops.metrics import GatewayMetrics
 from gateway.pipeline.base import Prepared
-from gateway.pipeline.registry import PADDED_PIPELINES, declared
+from gateway.pipeline.registry import PADDED_PIPELINES, PipelineDeclarations
 from gateway.pipeline.text import estimated_tokens, length_bucket
 from routing.types import PoolSignals
 
@@ -88,7 +88,7 @@ class PoolDispatcher:
         reroute: Reroute,
         observe: Observe | None = None,
         ewma_alpha: float = 0.2,
-        pipelines: Mapping[str, ModelPipelineConfig] | None = None,
+        pipelines: PipelineDeclarations | None = None,
     ) -> None:
         self.name = name
         self.dispatch = dispatch
@@ -102,8 +102,7 @@ class PoolDispatcher:
         self._reroute = reroute
         self._observe = observe
         self._alpha = ewma_alpha
-        self._pipelines = dict(pipelines or {})
-        self._declared: dict[tuple[str, str], tuple[ModelSpec, ModelSpec]] = {}  # (backend's, declared)
+        self._pipelines = pipelines or PipelineDeclarations()
         # One queue per (model, version, size group); the size group is 0 unless padding makes it matter.
         self._queues: dict[tuple[str, str, int], _ModelQueue] = {}
         self._depth = 0
@@ -169,21 +168,8 @@ class PoolDispatcher:
         return length_bucket(estimated_tokens(item.request.text.text))
 
     def _spec(self, model: str, version: str) -> ModelSpec | None:
-        """The backend's spec of the model, with the gateway's ``[pipelines.<model>]`` declaration applied
-        (recomputed only when the backend swaps the spec, e.g. after a model reload)."""
-        spec = self.backend.model(model, version)
-        override = self._pipelines.get(model)
-        if spec is None or override is None:
-            return spec
-        cached = self._declared.get((model, version))
-        if cached is None or cached[0] is not spec:
-            if len(self._declared) >= 1024:  # bounded: models x versions
-                self._declared.clear()
-            cached = self._declared[(model, version)] = (
-                spec,
-                declared(spec, override.pipeline, override.parameters),
-            )
-        return cached[1]
+        """The backend's spec of the model, with the gateway's ``[pipelines.<model>]`` declaration applied."""
+        return self._pipelines.apply(self.backend.model(model, version))
 
     def take_queued(self) -> list[WorkItem]:
         """Remove and return everything still queued (drain hands it back to the agents)."""

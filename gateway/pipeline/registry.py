@@ -8,6 +8,7 @@ from functools import cache
 from typing import Final
 
 from gateway.backends.base import ModelSpec
+from gateway.config import ModelPipelineConfig
 from gateway.pipeline.base import Pipeline
 from gateway.pipeline.image import ImagePipeline
 from gateway.pipeline.ranking import RankingPipeline
@@ -38,10 +39,30 @@ def pipeline_for(name: str) -> Pipeline:
     return factory()
 
 
-def declared(spec: ModelSpec, pipeline: str | None, parameters: Mapping[str, str]) -> ModelSpec:
-    """``spec`` with the gateway's pipeline declaration applied (``[pipelines.<model>]``)."""
-    if pipeline is None and not parameters:
-        return spec
-    return dataclasses.replace(
-        spec, pipeline=pipeline or spec.pipeline, parameters={**spec.parameters, **parameters}
-    )
+class PipelineDeclarations:
+    """The gateway's ``[pipelines.<model>]`` declarations, applied over the specs backends report.
+
+    One instance serves every pool; a declared spec is built once per backend spec object (a backend swaps
+    the object when it reloads the model) and kept in a bounded cache.
+    """
+
+    def __init__(self, declared: Mapping[str, ModelPipelineConfig] | None = None) -> None:
+        self._declared = dict(declared or {})
+        self._specs: dict[int, tuple[ModelSpec, ModelSpec]] = {}  # id(backend's spec) -> (it, declared)
+
+    def apply(self, spec: ModelSpec | None) -> ModelSpec | None:
+        """``spec`` with its model's declaration applied; the spec itself when there is none."""
+        override = None if spec is None else self._declared.get(spec.name)
+        if spec is None or override is None:
+            return spec
+        cached = self._specs.get(id(spec))
+        if cached is None or cached[0] is not spec:
+            if len(self._specs) >= 1024:  # bounded: models x versions x backends
+                self._specs.clear()
+            parameters = {**spec.parameters, **override.parameters}
+            cached = (
+                spec,
+                dataclasses.replace(spec, pipeline=override.pipeline or spec.pipeline, parameters=parameters),
+            )
+            self._specs[id(spec)] = cached
+        return cached[1]
