@@ -78,35 +78,31 @@ class ExaBgpPipe:
         if not self.ack:
             return True
         deadline = time.monotonic() + ACK_TIMEOUT_S
-        while not self.closed:
+        while True:
             line = self._line(deadline - time.monotonic())
             if line is None:
-                log.warning("no acknowledgement from ExaBGP", command=command)
+                if not self.closed:
+                    log.warning("no acknowledgement from ExaBGP", command=command)
                 return not self.closed
-            if line in ("done", "error", "shutdown"):
-                if line == "error":
-                    self.errors.append(command)
-                    log.error("ExaBGP refused a command", command=command)
-                return line != "shutdown" or self._close()
-        return False
+            if line == "error":
+                self.errors.append(command)
+                log.error("ExaBGP refused a command", command=command)
+                return True
+            if line == "done":
+                return True
 
     def wait(self, seconds: float) -> bool:
         """Sleep up to ``seconds`` while watching for ExaBGP going away; False when it has."""
         deadline = time.monotonic() + max(seconds, 0.0)
-        while not self.closed:
-            line = self._line(deadline - time.monotonic())
-            if line is None:
-                return not self.closed
-            if line == "shutdown":
-                return self._close()
-        return False
-
-    def _close(self) -> bool:
-        self.closed = True
-        return False
+        while self._line(deadline - time.monotonic()) is not None:
+            pass  # anything else ExaBGP says (no "receive" is configured) is not for us
+        return not self.closed
 
     def _line(self, timeout_s: float) -> str | None:
-        """The next line from ExaBGP, or None after ``timeout_s``; marks the pipe closed at end of input."""
+        """The next line from ExaBGP, or None after ``timeout_s``; marks the pipe closed at end of input
+        or when ExaBGP says ``shutdown``."""
+        if self.closed:
+            return None
         while b"\n" not in self._buffer:
             ready, _, _ = select.select([self.input_fd], [], [], max(timeout_s, 0.0))
             if not ready:
@@ -115,9 +111,13 @@ class ExaBgpPipe:
             if not chunk:
                 self.closed = True
                 return None
-            self._buffer += chunk[: 1 << 16]
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        return line.decode(errors="replace").strip()
+            self._buffer = (self._buffer + chunk)[-(1 << 16) :]  # bounded: a line is a few bytes
+        raw, self._buffer = self._buffer.split(b"\n", 1)
+        line = raw.decode(errors="replace").strip()
+        if line == "shutdown":
+            self.closed = True
+            return None
+        return line
 
 
 def run(
