@@ -74,10 +74,6 @@ class TextPipeline:
 
     kind = "text"
 
-    def __init__(self) -> None:
-        self.truncated = 0
-        """Requests cut to the model's ``max_tokens`` since this pipeline was made (a counter)."""
-
     def prepare(self, requests: Sequence[pb.InferRequest], spec: ModelSpec) -> Prepared:
         """Tokenize the batch in one call, then lay it out as dense ``input_ids`` / ``attention_mask``."""
         ids_name, mask_name = (t.name for t in spec.inputs)
@@ -100,7 +96,6 @@ class TextPipeline:
             truncated_here += truncated
             sequences.append(ids)
             kept.append(index)
-        self.truncated += truncated_here
         lengths = np.asarray([len(s) for s in sequences], dtype=np.int64)
         width = length_bucket(int(lengths.max(initial=0)))
         mask = np.arange(width) < lengths[:, np.newaxis]
