@@ -1,7 +1,9 @@
-"""Fixtures for agent tests: the demo models, and agent configs pointed at a test gateway."""
+"""Helpers for agent tests: agent configs pointed at a test gateway, the agent as a real process."""
 
 from __future__ import annotations
 
+import asyncio
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,3 +24,22 @@ def agent_config(endpoints: dict[str, str], models: Path, spool: Path, **extra: 
     for key, value in extra.items():
         overrides[key] = {**overrides.get(key, {}), **value} if isinstance(value, dict) else value
     return load_config(environ={}, overrides=overrides)
+
+
+async def spawn_agent(
+    config: Path, *args: str, capture: bool = False, new_session: bool = True
+) -> asyncio.subprocess.Process:
+    """``edge-agent --config CONFIG ARGS...``: its output piped when ``capture``, else discarded; in its own
+    process group when ``new_session`` (so a test can kill -9 it whole)."""
+    stream = asyncio.subprocess.PIPE if capture else asyncio.subprocess.DEVNULL
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "edge_agent",
+        "--config",
+        str(config),
+        *args,
+        stdout=stream,
+        stderr=stream,
+        start_new_session=new_session,
+    )

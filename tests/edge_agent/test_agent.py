@@ -11,7 +11,7 @@ from edge_agent.drive import drive
 from edge_agent.synthetic import SyntheticTraffic
 from edgewire import pb
 from gateway.testing import run_gateway, wait_for
-from tests.edge_agent.conftest import agent_config
+from tests.edge_agent.conftest import agent_config, spawn_agent
 
 
 async def test_every_request_answered_with_the_right_tier(models_dir: Path, tmp_path: Path) -> None:
@@ -163,7 +163,6 @@ async def test_agent_killed_while_spooling_delivers_what_it_acknowledged(
     import os
     import signal
     import socket
-    import sys
     import time
 
     with socket.socket() as s:
@@ -193,16 +192,7 @@ dead_after_s = 0.6
 [http]
 port = 0
 """)
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "edge_agent",
-            "--config",
-            str(toml),
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        proc = await spawn_agent(toml)
         requests = [r.request for r in SyntheticTraffic(5, regions=("us-west",)).take(400)]
         acked: list[bytes] = []
         async with EdgeClient(f"tcp://127.0.0.1:{intake_port}") as client:
@@ -225,16 +215,7 @@ port = 0
         async with run_gateway(
             models_dir=models_dir, carriers=[{"name": n, "bind": e} for n, e in endpoints.items()]
         ) as gw2:
-            restarted = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "edge_agent",
-                "--config",
-                str(toml),
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.DEVNULL,
-                start_new_session=True,
-            )
+            restarted = await spawn_agent(toml)
             try:
                 assert gw2.ingest is not None
                 ingest = gw2.ingest

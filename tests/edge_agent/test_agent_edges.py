@@ -16,7 +16,7 @@ from edge_agent.drive import drive
 from edge_agent.synthetic import SyntheticTraffic
 from edgewire import pb
 from gateway.testing import run_gateway, wait_for
-from tests.edge_agent.conftest import agent_config
+from tests.edge_agent.conftest import agent_config, spawn_agent
 
 NOWHERE = {"hgc": "tcp://127.0.0.1:9"}  # nothing listens: Hong Kong unreachable
 
@@ -145,7 +145,6 @@ async def test_agent_speaks_curve_to_a_curve_gateway(models_dir: Path, tmp_path:
 async def test_cli_synthetic_run_reports_json_with_nothing_lost(models_dir: Path, tmp_path: Path) -> None:
     """`edge-agent --config F --synthetic N --json` drives N requests through a real agent and gateway."""
     import json
-    import sys
 
     async with run_gateway(models_dir=models_dir) as gw:
         carriers = "\n".join(
@@ -163,19 +162,8 @@ directory = "{tmp_path / "spool"}"
 [http]
 port = 0
 """)
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "edge_agent",
-            "--config",
-            str(config),
-            "--synthetic",
-            "80",
-            "--rate",
-            "200",
-            "--json",
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+        proc = await spawn_agent(
+            config, "--synthetic", "80", "--rate", "200", "--json", capture=True, new_session=False
         )
         out, err = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode == 0, err.decode()[-2000:]
