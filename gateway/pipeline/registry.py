@@ -5,15 +5,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from functools import cache
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from gateway.backends.base import ModelSpec
-from gateway.config import ModelPipelineConfig
 from gateway.pipeline.base import Pipeline
 from gateway.pipeline.image import ImagePipeline
 from gateway.pipeline.ranking import RankingPipeline
 from gateway.pipeline.tensor import InvalidInput, TensorPipeline
 from gateway.pipeline.text import TextPipeline
+
+if TYPE_CHECKING:  # the CPU workers import this module; they need no config parsing
+    from gateway.config import ModelPipelineConfig
 
 _FACTORIES: Final[dict[str, Callable[[], Pipeline]]] = {
     "ranking": RankingPipeline,
