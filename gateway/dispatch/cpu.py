@@ -23,13 +23,13 @@ from gateway.backends.base import BackendError, ModelSpec
 from gateway.ops.metrics import GatewayMetrics
 from gateway.pipeline import worker
 from gateway.pipeline.base import Prepared
+from gateway.pipeline.registry import CHEAP_PIPELINES
 
 log = structlog.get_logger("gateway.cpu")
 CpuMode = Literal["process", "thread"]
-ON_LOOP_PIPELINES = frozenset({"ranking", "text", "tensor"})
 ON_LOOP_MAX_BYTES = 64 << 10
-"""Pipelines whose small batches (``inline_max_requests``, at most ``ON_LOOP_MAX_BYTES`` of requests) run
-on the event loop itself: cheap per request, unlike image decoding."""
+"""Small batches (``inline_max_requests``, at most this many bytes of requests) of the pipelines that are
+cheap per request (``CHEAP_PIPELINES``) run on the event loop itself."""
 T = TypeVar("T")
 
 
@@ -97,7 +97,7 @@ class CpuStage:
 
     async def _run(self, pipeline: str, payloads: Sequence[bytes], fn: Callable[..., T], *args: Any) -> T:
         if self._inline is not None and len(payloads) <= self.inline_max_requests:
-            if pipeline in ON_LOOP_PIPELINES and sum(map(len, payloads)) <= ON_LOOP_MAX_BYTES:
+            if pipeline in CHEAP_PIPELINES and sum(map(len, payloads)) <= ON_LOOP_MAX_BYTES:
                 # Tens of microseconds of work: a thread hand-off each way would cost more than that
                 # and add its own latency. Image decoding (milliseconds) never runs here, nor a
                 # request big enough (thousands of candidates) to hold the loop up.

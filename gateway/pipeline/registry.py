@@ -27,6 +27,9 @@ _FACTORIES: Final[dict[str, Callable[[], Pipeline]]] = {
 PIPELINE_NAMES: Final = tuple(_FACTORIES)
 PADDED_PIPELINES: Final = frozenset({"text"})
 """Pipelines that pad a batch to its longest request: the dispatcher batches them by size bucket."""
+CHEAP_PIPELINES: Final = frozenset({"ranking", "text", "tensor"})
+"""Pipelines that cost tens of microseconds per request (image decoding costs milliseconds): their small
+batches run on the gateway's event loop instead of paying for a thread or process hand-off."""
 REJECT_LABELS: Final = tuple(label.value for label in InvalidInput)
 """Every label a pipeline drops a request with (for pre-registering metric series)."""
 
