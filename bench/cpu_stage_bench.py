@@ -23,7 +23,8 @@ import json
 import os
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from gateway.dispatch.cpu import CpuStage, default_workers
 from gateway.models.demo import DEMO_MODELS, demo_config
 from gateway.ops.metrics import GatewayMetrics
 from gateway.pipeline import worker
+from gateway.pipeline.base import Pipeline, Prepared
 from gateway.pipeline.registry import pipeline_for
 from gateway.pipeline.text import estimated_tokens, length_bucket
 
@@ -77,6 +79,16 @@ def timed(fn: Callable[[], int], seconds: float) -> float:
     return records / (time.perf_counter() - start)
 
 
+def _prepare_once(pipeline: Pipeline, spec: ModelSpec, batches: Iterator[list[pb.InferRequest]]) -> int:
+    return len(pipeline.prepare(next(batches), spec).kept)
+
+
+def _finish_once(
+    pipeline: Pipeline, work: Iterator[tuple[Prepared, dict[str, np.ndarray], list[pb.InferRequest]]]
+) -> int:
+    return len(pipeline.finish(*next(work)))
+
+
 def per_stage(seconds: float) -> list[dict[str, Any]]:
     all_specs = specs()
     found = requests_by_model(BATCH * 8)
@@ -85,29 +97,21 @@ def per_stage(seconds: float) -> list[dict[str, Any]]:
     for model, kind in KINDS.items():
         spec, pipeline = all_specs[model], pipeline_for(kind)
         batches = [found[model][i : i + BATCH] for i in range(0, len(found[model]), BATCH)]
-        cycle = itertools.cycle(batches)
         prepared = [pipeline.prepare(b, spec) for b in batches]
         rows = [int(next(iter(p.inputs.values())).shape[0]) for p in prepared]
         outputs = [fake_outputs(spec, r, rng) for r in rows]
-        index = itertools.cycle(range(len(batches)))
-
-        def prepare_once(cycle: Any = cycle, pipeline: Any = pipeline, spec: ModelSpec = spec) -> int:
-            return len(pipeline.prepare(next(cycle), spec).kept)
-
-        def finish_once(
-            index: Any = index, pipeline: Any = pipeline, work: Any = (prepared, outputs, batches)
-        ) -> int:
-            i = next(index)
-            return len(pipeline.finish(work[0][i], work[1][i], work[2][i]))
-
-        row = {
-            "kind": kind,
-            "model": model,
-            "prepare_rps": timed(prepare_once, seconds),
-            "finish_rps": timed(finish_once, seconds),
-            "rows_per_request": sum(rows) / sum(len(b) for b in batches),
-        }
-        results.append(row)
+        work = itertools.cycle(list(zip(prepared, outputs, batches, strict=True)))
+        results.append(
+            {
+                "kind": kind,
+                "model": model,
+                "prepare_rps": timed(
+                    partial(_prepare_once, pipeline, spec, itertools.cycle(batches)), seconds
+                ),
+                "finish_rps": timed(partial(_finish_once, pipeline, work), seconds),
+                "rows_per_request": sum(rows) / sum(len(b) for b in batches),
+            }
+        )
     return results
 
 
