@@ -11,7 +11,7 @@ import asyncio
 import errno
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import structlog
 import zmq
@@ -37,11 +37,6 @@ _MONITORED = (
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 )
-
-
-def _consume(future: asyncio.Future[object]) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        log.warning("queued send failed", error=repr(future.exception()))
 
 
 class SendResult:
@@ -72,7 +67,11 @@ class CarrierIngress:
         self._metrics = metrics
         self._on_message = on_message
         self._security = security or {}
-        self._sock: zmq.asyncio.Socket | None = None
+        self._sock: zmq.Socket[bytes] | None = None
+        self._owner: zmq.asyncio.Socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reading = False
+        self._read_scheduled = False
         self._tasks: list[asyncio.Task[None]] = []
         self.peers = 0
         self.last_recv = 0.0
@@ -107,11 +106,14 @@ class CarrierIngress:
             monitor.close(0)
             sock.close(0)
             raise
-        self._sock = sock
-        self._tasks = [
-            asyncio.create_task(self._receive(sock), name=f"carrier-{self.name}"),
-            asyncio.create_task(self._monitor(monitor), name=f"monitor-{self.name}"),
-        ]
+        self._owner = sock
+        # Traffic goes through a plain view of the same socket (see "traffic" below); the zmq.asyncio
+        # socket owns it, and its monitor, and closes them.
+        self._sock = zmq.Socket.shadow(sock.underlying)
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self._sock.FD, self._read)
+        self._reading = True
+        self._tasks = [asyncio.create_task(self._monitor(monitor), name=f"monitor-{self.name}")]
         self._metrics.carrier_peers.labels(self.name).set(0)
         log.info("carrier bound", carrier=self.name, endpoint=self.endpoint, curve=bool(self._security))
 
@@ -120,10 +122,12 @@ class CarrierIngress:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
-        if self._sock is not None:
-            self._sock.disable_monitor()
-            self._sock.close(self._zcfg.linger_ms)
-            self._sock = None
+        self._stop_reading()
+        self._sock = None
+        if self._owner is not None:
+            self._owner.disable_monitor()
+            self._owner.close(self._zcfg.linger_ms)
+            self._owner = None
 
     @property
     def endpoint(self) -> str:
@@ -139,39 +143,54 @@ class CarrierIngress:
 
     @property
     def receiving(self) -> bool:
-        return bool(self._tasks) and not self._tasks[0].done()
+        return self._reading and self.failed is None
 
     def stalled(self, now: float, stall_s: float) -> bool:
         """True when input is waiting but nothing was read for ``stall_s``: the carrier passes no traffic."""
         if self._sock is None:
             return True
-        # get(), not getsockopt(): reading ZMQ_EVENTS resets the edge-triggered FD, and only the asyncio
-        # socket's get() then re-arms its pending receive (getsockopt is bound to the base class's get).
-        pending = bool(int(self._sock.get(zmq.EVENTS)) & zmq.POLLIN)
+        pending = bool(int(self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+        if pending:
+            # Reading ZMQ_EVENTS consumes the FD's edge: whatever is waiting is read on the next tick.
+            self._schedule_read()
         return pending and now - self.last_recv > stall_s
 
     # ------------------------------------------------------------------ traffic
+    #
+    # The socket is a plain (not zmq.asyncio) socket read from the loop's reader callback: a zmq.asyncio
+    # receive costs a Future, a task wake-up and several enum conversions per message, about as much as
+    # decoding the message. ZMQ_FD is edge-triggered: it fires when the socket's state changed, not while
+    # messages wait, and any send or ZMQ_EVENTS read on the socket may consume the edge. So the reader
+    # drains until EAGAIN, a burst at a time, and every send schedules one more drain for the same tick.
 
-    async def _receive(self, sock: zmq.asyncio.Socket) -> None:
-        burst = self._zcfg.max_messages_per_wakeup
-        try:
-            while True:
-                self._deliver(await sock.recv_multipart(copy=False))
-                for _ in range(burst - 1):
-                    try:
-                        frames = await sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-                    except zmq.Again:
-                        break
-                    self._deliver(frames)
-                # Under sustained load every recv completes at once and never yields: let the batchers,
-                # the replies and the health task run between bursts.
-                await asyncio.sleep(0)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            self.failed = repr(exc)
-            log.exception("carrier receive loop died", carrier=self.name)
-            raise
+    def _read(self) -> None:
+        self._read_scheduled = False
+        sock = self._sock
+        if sock is None or not self._reading:
+            return
+        for _ in range(self._zcfg.max_messages_per_wakeup):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            except zmq.ZMQError as exc:
+                self.failed = repr(exc)
+                self._stop_reading()
+                log.error("carrier receive failed; not reading any more", carrier=self.name, error=repr(exc))
+                return
+            self._deliver(frames)
+        # A full burst: more may wait. Let the batchers, replies and health checks run first.
+        self._schedule_read()
+
+    def _schedule_read(self) -> None:
+        if not self._read_scheduled and self._loop is not None and self._reading:
+            self._read_scheduled = True
+            self._loop.call_soon(self._read)
+
+    def _stop_reading(self) -> None:
+        if self._reading and self._loop is not None and self._sock is not None:
+            self._loop.remove_reader(self._sock.FD)
+        self._reading = False
 
     def _deliver(self, frames: list[zmq.Frame]) -> None:
         self.last_recv = time.monotonic()
@@ -187,19 +206,17 @@ class CarrierIngress:
         sock = self._sock
         if sock is None:
             return SendResult.CLOSED
-        # A non-blocking send on a zmq.asyncio socket completes at once; its outcome is on the future.
-        future = cast("asyncio.Future[object]", sock.send_multipart([routing_id, *frames], flags=zmq.NOBLOCK))
-        if not future.done():  # another send was still queued: this one goes out after it
-            future.add_done_callback(_consume)
-            return SendResult.SENT
-        exc = future.exception()
-        if exc is None:
-            return SendResult.SENT
-        if isinstance(exc, zmq.Again):
+        try:
+            sock.send_multipart([routing_id, *frames], flags=zmq.NOBLOCK)
+        except zmq.Again:
             return SendResult.FULL
-        if isinstance(exc, zmq.ZMQError) and exc.errno == errno.EHOSTUNREACH:
-            return SendResult.UNREACHABLE
-        raise exc
+        except zmq.ZMQError as exc:
+            if exc.errno == errno.EHOSTUNREACH:
+                return SendResult.UNREACHABLE
+            raise
+        finally:
+            self._schedule_read()
+        return SendResult.SENT
 
     async def _monitor(self, monitor: zmq.asyncio.Socket) -> None:
         try:

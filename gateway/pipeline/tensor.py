@@ -68,14 +68,20 @@ DATATYPE_BY_DTYPE: Final[Mapping[str, pb.DataType.ValueType]] = {
 """Numpy dtype name (as in :class:`~gateway.backends.base.TensorSpec`) -> wire DataType."""
 
 _LENGTH = np.dtype("<u4")
+# By the dtype itself: ``dtype.name`` is computed in Python on every access, a few microseconds per tensor.
+_DATATYPE_OF_DTYPE: Final[Mapping[np.dtype, pb.DataType.ValueType]] = {
+    dtype: datatype for datatype, dtype in DTYPE_BY_DATATYPE.items()
+}
 
 
 def tensor_from_array(name: str, array: np.ndarray) -> pb.Tensor:
     """One numpy array as a wire Tensor (an object array holds ``bytes`` / ``str`` elements as BYTES)."""
-    try:
-        datatype = DATATYPE_BY_DTYPE[array.dtype.name]
-    except KeyError:
-        raise TypeError(f"tensor {name!r}: dtype {array.dtype} has no wire DataType") from None
+    datatype = _DATATYPE_OF_DTYPE.get(array.dtype)
+    if datatype is None:  # e.g. big-endian: the same wire type, converted below
+        try:
+            datatype = DATATYPE_BY_DTYPE[array.dtype.name]
+        except KeyError:
+            raise TypeError(f"tensor {name!r}: dtype {array.dtype} has no wire DataType") from None
     if datatype == pb.DATA_TYPE_BYTES:
         raw = encode_bytes([e.encode() if isinstance(e, str) else bytes(e) for e in array.ravel()])
     else:

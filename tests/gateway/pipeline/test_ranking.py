@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edgewire import pb
-from gateway.pipeline.ranking import RankingPipeline, top_k_order
+from gateway.pipeline.ranking import RankingPipeline, dense_features, top_k_order
 from gateway.pipeline.tensor import InvalidInput
 from tests.gateway.backends.serving import synthetic
 from tests.gateway.pipeline.specs import demo_spec
@@ -200,3 +200,18 @@ def test_finish_takes_the_batch_or_only_the_kept_requests() -> None:
     from_kept = pipeline.finish(prepared, outputs, [requests[i] for i in prepared.kept])
     assert from_batch == from_kept
     assert len(from_kept) == 2
+
+
+@given(
+    st.lists(st.floats(width=32, allow_nan=False), max_size=64),
+    st.lists(st.floats(width=32, allow_nan=False), max_size=16),
+)
+def test_dense_features_read_from_packed_bytes_equal_the_repeated_fields(
+    candidate: list[float], user: list[float]
+) -> None:
+    """The packed-bytes read gives exactly the values (and count) of the repeated float fields."""
+    r = pb.RankingFeatures(candidate_item_ids=[1, 2], candidate_dense=candidate, user_dense=user, top_k=3)
+    got_candidate, got_user = dense_features(r)
+    assert got_candidate.dtype == np.float32 and got_user.dtype == np.float32
+    np.testing.assert_array_equal(got_candidate, np.asarray(candidate, dtype=np.float32))
+    np.testing.assert_array_equal(got_user, np.asarray(user, dtype=np.float32))
