@@ -128,6 +128,8 @@ class Gateway:
                 cfg.cpu.mode,
                 self.metrics,
                 inline_max_requests=cfg.cpu.inline_max_requests,
+                arena_slots=cfg.cpu.arena_slots,
+                arena_slot_bytes=cfg.cpu.arena_slot_mb << 20,
             )
             self.cpu.start()
             await self.cpu.warm_up()

@@ -10,6 +10,7 @@ UNAVAILABLE. ``mode = "thread"`` runs the same functions on a thread (for debugg
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
@@ -20,6 +21,7 @@ import numpy as np
 import structlog
 
 from gateway.backends.base import BackendError, ModelSpec
+from gateway.dispatch.arena import FeatureArena, Slot
 from gateway.ops.metrics import GatewayMetrics
 from gateway.pipeline import worker
 from gateway.pipeline.base import Prepared
@@ -37,7 +39,14 @@ class CpuStage:
     """A bounded pool of CPU workers shared by every pool dispatcher."""
 
     def __init__(
-        self, workers: int, mode: CpuMode, metrics: GatewayMetrics, *, inline_max_requests: int = 4
+        self,
+        workers: int,
+        mode: CpuMode,
+        metrics: GatewayMetrics,
+        *,
+        inline_max_requests: int = 4,
+        arena_slots: int = 0,
+        arena_slot_bytes: int = 4 << 20,
     ) -> None:
         self.workers = workers
         self.mode = mode
@@ -48,8 +57,14 @@ class CpuStage:
         self.inline_max_requests = inline_max_requests
         self._inline: ThreadPoolExecutor | None = None
         self.restarts = 0
+        # Prepared tensors come back through shared memory (process mode only; see arena.py).
+        self._arena_slots = arena_slots if mode == "process" else 0
+        self._arena_slot_bytes = arena_slot_bytes
+        self.arena: FeatureArena | None = None
 
     def start(self) -> None:
+        if self._arena_slots and self.arena is None:
+            self.arena = FeatureArena(self._arena_slots, self._arena_slot_bytes)
         self._executor = self._new_executor()
         if self.mode == "process" and self.inline_max_requests:
             self._inline = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hkgw-cpu-inline")
@@ -80,40 +95,87 @@ class CpuStage:
         return sorted(processes)
 
     async def prepare(self, pipeline: str, spec: ModelSpec, payloads: Sequence[bytes]) -> Prepared:
-        return await self._run(pipeline, payloads, worker.prepare_batch, pipeline, spec, payloads)
+        """The batch's input tensors; call :meth:`release` once the backend call that used them is over."""
+        arena = self.arena
+        if arena is None or self._runs_here(payloads):
+            return await self._run(pipeline, payloads, worker.prepare_batch, pipeline, spec, payloads)
+        slot = arena.borrow()
+        if slot is None:
+            self._metrics.child(self._metrics.cpu_arena_fallbacks, "no_free_slot").inc()
+            return await self._run(pipeline, payloads, worker.prepare_batch, pipeline, spec, payloads)
+        prepared = await self._in_worker(worker.prepare_batch, pipeline, spec, payloads, slot, lent=slot)
+        if not prepared.placed:
+            arena.give_back(slot)
+            if prepared.inputs:
+                self._metrics.child(self._metrics.cpu_arena_fallbacks, "too_large").inc()
+            return prepared
+        prepared.inputs = arena.views(prepared.placed)
+        prepared.slot = slot
+        return prepared
+
+    def release(self, prepared: Prepared) -> None:
+        """The backend is done with the batch's tensors: their arena slot may take the next batch."""
+        if prepared.slot is not None and self.arena is not None:
+            prepared.inputs = {}
+            self.arena.give_back(prepared.slot)
+            prepared.slot = None
 
     async def finish(
         self, pipeline: str, prepared: Prepared, outputs: Mapping[str, np.ndarray], payloads: Sequence[bytes]
     ) -> list[bytes]:
+        """Per kept request, its outputs as response bytes. ``payloads`` (the kept requests) decide where
+        it runs; they are not sent: what finish needs beyond the outputs travels in ``prepared.extras``."""
         return await self._run(
-            pipeline,
-            payloads,
-            worker.finish_batch,
-            pipeline,
-            worker.without_inputs(prepared),
-            outputs,
-            payloads,
+            pipeline, payloads, worker.finish_batch, pipeline, worker.without_inputs(prepared), outputs, ()
         )
 
+    def _runs_here(self, payloads: Sequence[bytes]) -> bool:
+        """True when the batch is small enough to run in this process (no worker, no arena)."""
+        return self._inline is not None and len(payloads) <= self.inline_max_requests
+
     async def _run(self, pipeline: str, payloads: Sequence[bytes], fn: Callable[..., T], *args: Any) -> T:
-        if self._inline is not None and len(payloads) <= self.inline_max_requests:
+        if self._runs_here(payloads):
             if pipeline in CHEAP_PIPELINES and sum(map(len, payloads)) <= ON_LOOP_MAX_BYTES:
                 # Tens of microseconds of work: a thread hand-off each way would cost more than that
                 # and add its own latency. Image decoding (milliseconds) never runs here, nor a
                 # request big enough (thousands of candidates) to hold the loop up.
                 return fn(*args)
             return await asyncio.get_running_loop().run_in_executor(self._inline, fn, *args)
+        return await self._in_worker(fn, *args)
+
+    async def _in_worker(self, fn: Callable[..., T], *args: Any, lent: Slot | None = None) -> T:
+        """``fn(*args)`` in a worker process. ``lent``: an arena slot the call writes into, given back
+        when the call fails, or, when the caller is cancelled, once the worker has really stopped
+        writing (a cancelled await does not stop a running worker)."""
         executor = self._executor
         if executor is None:
+            if lent is not None and self.arena is not None:
+                self.arena.give_back(lent)
             raise BackendError("CPU stage is closed", retryable=True, status="UNAVAILABLE")
         loop = asyncio.get_running_loop()
+        future = executor.submit(fn, *args)
         try:
-            return await loop.run_in_executor(executor, fn, *args)
-        except BrokenProcessPool as exc:
-            self._replace(executor)
-            raise BackendError(
-                "CPU worker died; batch not processed", retryable=True, status="UNAVAILABLE"
-            ) from exc
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            if lent is not None:
+                future.add_done_callback(lambda _: self._give_back_from_any_thread(loop, lent))
+            raise
+        except BaseException as exc:
+            if lent is not None and self.arena is not None:
+                self.arena.give_back(lent)
+            if isinstance(exc, BrokenProcessPool):
+                self._replace(executor)
+                raise BackendError(
+                    "CPU worker died; batch not processed", retryable=True, status="UNAVAILABLE"
+                ) from exc
+            raise
+
+    def _give_back_from_any_thread(self, loop: asyncio.AbstractEventLoop, slot: Slot) -> None:
+        arena = self.arena
+        if arena is None:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop has closed: so has the arena
+            loop.call_soon_threadsafe(arena.give_back, slot)
 
     def _replace(self, broken: Executor) -> None:
         if self._executor is not broken:  # another batch already replaced it
@@ -125,6 +187,9 @@ class CpuStage:
         self._executor = self._new_executor()
 
     def close(self) -> None:
+        if self.arena is not None:
+            self.arena.close()
+            self.arena = None
         if self._inline is not None:
             self._inline.shutdown(wait=False, cancel_futures=True)
             self._inline = None

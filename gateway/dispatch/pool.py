@@ -321,9 +321,37 @@ class PoolDispatcher:
             self._fail(items, exc)
             return
         t_infer = time.perf_counter()
+        try:
+            outcome = await self._call_backend(items, prepared, spec)
+        finally:
+            self._cpu.release(prepared)
+        if outcome is None:
+            return
+        result, kept, t_post = outcome
+        try:
+            outputs = await self._cpu.finish(
+                spec.pipeline, prepared, result.outputs, [payloads[i] for i in prepared.kept]
+            )
+        except BackendError as exc:
+            self._fail(kept, exc)
+            return
+        timing = pb.ServerTiming(
+            preprocess_us=int((t_infer - t_pre) * 1e6),
+            infer_us=int((t_post - t_infer) * 1e6),
+            postprocess_us=int((time.perf_counter() - t_post) * 1e6),
+        )
+        self._answer(kept, outputs, model, result.model_version, timing, started=now)
+
+    async def _call_backend(
+        self, items: list[WorkItem], prepared: Prepared, spec: ModelSpec
+    ) -> tuple[InferResult, list[WorkItem], float] | None:
+        """The backend call for a prepared batch: (result, the requests it served, when it returned), or
+        None when every request was answered otherwise (rejected inputs, a failed call)."""
+        t_infer = time.perf_counter()
+        model, version = items[0].model, items[0].version
         self._reject_inputs(items, prepared, spec)
         if not prepared.kept:
-            return
+            return None
         kept = [items[i] for i in prepared.kept]
         deadlines = [d for d in (item.remaining(time.monotonic()) for item in kept) if d is not None]
         call = InferCall(
@@ -339,12 +367,12 @@ class PoolDispatcher:
         except BackendError as exc:
             self._account_failure(exc, time.perf_counter() - t_infer)
             self._fail(kept, exc)
-            return
+            return None
         except Exception as exc:  # a backend bug must not take the pool down; it counts as a failure
             log.exception("backend raised", pool=self.name, backend=self.backend.name)
             self._account_failure(BackendError(repr(exc), retryable=True), time.perf_counter() - t_infer)
             self._fail(kept, BackendError(f"backend error: {exc!r}", retryable=True, status="INTERNAL"))
-            return
+            return None
         t_post = time.perf_counter()
         self._succeeded(t_post - t_infer, len(kept))
         if self._observe is not None:
@@ -353,19 +381,7 @@ class PoolDispatcher:
                 if item.decision.size_bucket not in seen:
                     seen.add(item.decision.size_bucket)
                     self._observe(item, t_post - t_infer)
-        try:
-            outputs = await self._cpu.finish(
-                spec.pipeline, prepared, result.outputs, [payloads[i] for i in prepared.kept]
-            )
-        except BackendError as exc:
-            self._fail(kept, exc)
-            return
-        timing = pb.ServerTiming(
-            preprocess_us=int((t_infer - t_pre) * 1e6),
-            infer_us=int((t_post - t_infer) * 1e6),
-            postprocess_us=int((time.perf_counter() - t_post) * 1e6),
-        )
-        self._answer(kept, outputs, model, result.model_version, timing, started=now)
+        return result, kept, t_post
 
     async def _infer(self, call: InferCall, spec: ModelSpec) -> InferResult:
         """One backend call, or several in turn when the batch has more rows than the model takes.

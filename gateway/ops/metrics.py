@@ -178,6 +178,12 @@ class GatewayMetrics:
         self.cpu_worker_restarts = Counter(
             f"{NS}_cpu_worker_restarts", "CPU stage pools replaced after a worker died", registry=r
         )
+        self.cpu_arena_fallbacks = Counter(
+            f"{NS}_cpu_arena_fallbacks",
+            "Prepared batches returned through the pipe instead of shared memory, by reason",
+            ["reason"],
+            registry=r,
+        )
         self.reloads = Counter(f"{NS}_reloads", "Config reloads (SIGHUP) by outcome", ["outcome"], registry=r)
         self.capture_records = Counter(
             f"{NS}_capture_records",

@@ -15,6 +15,7 @@ import numpy as np
 
 from edgewire import pb
 from gateway.backends.base import ModelSpec
+from gateway.dispatch.arena import Placed, Slot
 
 
 @dataclass(slots=True)
@@ -34,6 +35,9 @@ class Prepared:
     padded_elements: int = 0  # the same after padding (padding waste = 1 - real / padded)
     truncated: int = 0  # kept requests cut to the model's limit (served, and counted by the gateway)
     spec: ModelSpec | None = None  # the model it was prepared for (finish may run in another process)
+    extras: dict[str, np.ndarray] = field(default_factory=dict)  # what finish needs besides the outputs
+    placed: Placed = field(default_factory=dict)  # inputs a worker wrote into the arena instead
+    slot: Slot | None = None  # the arena slot they are in, until the gateway gives it back
 
 
 class Pipeline(Protocol):

@@ -132,7 +132,7 @@ class ImagePipeline:
         shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
         probs = shifted / shifted.sum(axis=1, keepdims=True)
         top = probs.argmax(axis=1)
-        model = kept_requests(prepared, requests)[0].model_name if prepared.kept else ""
+        model = kept_requests(prepared, requests)[0].model_name if prepared.kept and requests else ""
         names = label_names(prepared.spec) if prepared.spec is not None else self._labels.get(model, ())
         if len(names) != logits.shape[1]:
             names = tuple(f"class_{i}" for i in range(logits.shape[1]))

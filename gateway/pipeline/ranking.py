@@ -31,6 +31,7 @@ from gateway.pipeline.tensor import InvalidInput, batch_slices, kept_requests, t
 SCORES = "scores"
 ITEM_IDS = "item_ids"
 ITEM_ROWS = "item_rows"
+TOP_K = "top_k"
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,12 +214,17 @@ class RankingPipeline:
             features[:, :c] = candidate_block
             features[:, c : c + u] = np.repeat(user_block, repeats, axis=0)
             features[:, c + u :] = np.repeat(np.stack(tags), repeats, axis=0)
+        ids = [np.asarray(requests[i].ranking.candidate_item_ids, dtype=np.uint64) for i in kept]
+        flat = np.concatenate(ids) if ids else np.zeros(0, dtype=np.uint64)
         if layout.item_input:
-            ids = [np.asarray(requests[i].ranking.candidate_item_ids, dtype=np.uint64) for i in kept]
-            flat = np.concatenate(ids) if ids else np.zeros(0, dtype=np.uint64)
             inputs[layout.item_input] = item_rows(flat, layout.item_table_rows).reshape(rows, 1)
         return Prepared(
             inputs=inputs,
+            # finish orders these by score: it needs neither the requests nor their bytes again
+            extras={
+                ITEM_IDS: flat,
+                TOP_K: np.asarray([requests[i].ranking.top_k for i in kept], dtype=np.int64),
+            },
             kept=kept,
             rows=batch_slices(counts),
             rejected=rejected,
@@ -231,16 +237,24 @@ class RankingPipeline:
     ) -> list[list[pb.Tensor]]:
         """Per kept request, its candidates ordered by score, best first, cut to ``top_k`` (0 = all).
 
-        ``requests`` may be the whole batch given to ``prepare`` or only the kept requests.
+        The item ids and ``top_k`` come from what ``prepare`` kept (``extras``); ``requests`` (the whole
+        batch given to ``prepare`` or only the kept requests) are read only for a batch without them.
         """
         scores = np.asarray(outputs[SCORES], dtype=np.float32).reshape(-1)
+        ids, top_k = prepared.extras.get(ITEM_IDS), prepared.extras.get(TOP_K)
+        if ids is None or top_k is None:  # prepared elsewhere: read them from the requests
+            kept = kept_requests(prepared, requests)
+            ids = np.concatenate(
+                [np.asarray(r.ranking.candidate_item_ids, dtype=np.uint64) for r in kept] or [np.zeros(0)]
+            ).astype(np.uint64)
+            top_k = np.asarray([r.ranking.top_k for r in kept], dtype=np.int64)
         results: list[list[pb.Tensor]] = []
-        for request, rows in zip(kept_requests(prepared, requests), prepared.rows, strict=True):
-            r = request.ranking
+        for k, rows in zip(top_k.tolist(), prepared.rows, strict=True):
             own = scores[rows]
-            order = top_k_order(own, r.top_k)
-            item_ids = np.asarray(r.candidate_item_ids, dtype=np.uint64)[order]
-            results.append([tensor_from_array(ITEM_IDS, item_ids), tensor_from_array(SCORES, own[order])])
+            order = top_k_order(own, k)
+            results.append(
+                [tensor_from_array(ITEM_IDS, ids[rows][order]), tensor_from_array(SCORES, own[order])]
+            )
         return results
 
 

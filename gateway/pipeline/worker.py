@@ -14,22 +14,35 @@ import numpy as np
 
 from edgewire import pb
 from gateway.backends.base import ModelSpec
+from gateway.dispatch.arena import Slot, place
 from gateway.pipeline.base import Prepared
 from gateway.pipeline.registry import pipeline_for
 
 
-def prepare_batch(pipeline: str, spec: ModelSpec, payloads: Sequence[bytes]) -> Prepared:
-    """Parse the requests and build the model's input tensors in one vectorised pass."""
+def prepare_batch(
+    pipeline: str, spec: ModelSpec, payloads: Sequence[bytes], slot: Slot | None = None
+) -> Prepared:
+    """Parse the requests and build the model's input tensors in one vectorised pass.
+
+    With a ``slot`` of the gateway's arena the tensors are written there and only their places travel
+    back; tensors that do not fit travel back whole.
+    """
     requests = [pb.InferRequest.FromString(p) for p in payloads]
     prepared = pipeline_for(pipeline).prepare(requests, spec)
     prepared.spec = spec
+    if slot is not None and prepared.inputs:
+        placed = place(slot, prepared.inputs)
+        if placed is not None:
+            prepared.inputs = {}
+            prepared.placed = placed
     return prepared
 
 
 def finish_batch(
     pipeline: str, prepared: Prepared, outputs: Mapping[str, np.ndarray], payloads: Sequence[bytes]
 ) -> list[bytes]:
-    """Per kept request (``payloads`` are the kept requests, in order), its outputs as response bytes."""
+    """Per kept request, its outputs as response bytes. ``payloads`` (the kept requests, in order) may be
+    empty: the pipelines take what they need from ``prepared``."""
     requests = [pb.InferRequest.FromString(p) for p in payloads]
     tensors = pipeline_for(pipeline).finish(prepared, outputs, requests)
     return [pb.InferResponse(outputs=t).SerializeToString() for t in tensors]
@@ -37,7 +50,7 @@ def finish_batch(
 
 def without_inputs(prepared: Prepared) -> Prepared:
     """The prepared batch minus its input tensors: what finish needs, without shipping arrays twice."""
-    return dataclasses.replace(prepared, inputs={})
+    return dataclasses.replace(prepared, inputs={}, placed={}, slot=None)
 
 
 def die_with_parent() -> None:

@@ -1,0 +1,119 @@
+"""Shared memory the CPU workers write prepared input tensors into, so features never travel through a pipe.
+
+A prepared ranking batch is about a megabyte of float32 features. Returned through the process pool it is
+pickled, written through a 64 KiB pipe in a few dozen pieces (each a wake-up of the other process), read
+and unpickled: four copies and most of the CPU stage's cost. Instead the gateway owns one shared memory
+block cut into equal slots; a batch borrows a slot, the worker copies its input tensors into it once, and
+the gateway hands numpy views of the slot to the backend. The slot goes back when the backend call is over.
+
+Bounded: a fixed number of slots of a fixed size. A batch that finds no free slot, or whose tensors do not
+fit in one, travels the ordinary way (counted in ``hkgw_cpu_arena_fallbacks_total``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+from collections.abc import Mapping
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+from pathlib import Path
+
+import numpy as np
+
+ALIGN = 64  # every tensor starts on a cache line
+Placed = dict[str, tuple[int, str, tuple[int, ...]]]
+"""Input name -> (byte offset in the arena, numpy dtype string, shape)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """Where a worker may write one batch's tensors: picklable, sent with the batch."""
+
+    arena: str  # the shared memory block's name (a file under /dev/shm on Linux)
+    index: int
+    offset: int
+    size: int
+
+
+class FeatureArena:
+    """The gateway's side: owns the block, lends slots, makes views of what workers placed."""
+
+    def __init__(self, slots: int, slot_bytes: int) -> None:
+        self.slot_bytes = slot_bytes - slot_bytes % ALIGN
+        self._shm: shared_memory.SharedMemory | None = shared_memory.SharedMemory(
+            create=True, size=slots * self.slot_bytes
+        )
+        self.name = self._shm.name
+        self._free = list(range(slots - 1, -1, -1))  # lowest index lent first: untouched slots stay unmapped
+        self.slots = slots
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def borrow(self) -> Slot | None:
+        if not self._free:
+            return None
+        index = self._free.pop()
+        return Slot(self.name, index, index * self.slot_bytes, self.slot_bytes)
+
+    def give_back(self, slot: Slot) -> None:
+        self._free.append(slot.index)
+        self._free.sort(reverse=True)
+
+    def views(self, placed: Placed) -> dict[str, np.ndarray]:
+        """Arrays over the slot's bytes; valid until the slot is given back."""
+        assert self._shm is not None
+        assert self._shm.buf is not None
+        buf = self._shm.buf
+        return {
+            name: np.ndarray(shape, dtype=np.dtype(dtype), buffer=buf, offset=offset)
+            for name, (offset, dtype, shape) in placed.items()
+        }
+
+    def close(self) -> None:
+        """Unmap and remove the block (views must be gone). Safe twice."""
+        shm, self._shm = self._shm, None
+        if shm is None:
+            return
+        with contextlib.suppress(BufferError):  # a view still exists: the mapping stays, the name goes
+            shm.close()
+        shm.unlink()
+
+
+_MAPPED: dict[str, mmap.mmap] = {}
+
+
+def place(slot: Slot, inputs: Mapping[str, np.ndarray]) -> Placed | None:
+    """Worker side: copy ``inputs`` into ``slot``; None (nothing written) when they do not fit."""
+    layout: Placed = {}
+    cursor = slot.offset
+    end = slot.offset + slot.size
+    for name, array in inputs.items():
+        start = -(-cursor // ALIGN) * ALIGN
+        if start + array.nbytes > end or array.dtype.hasobject:
+            return None
+        layout[name] = (start, array.dtype.str, tuple(array.shape))
+        cursor = start + array.nbytes
+    block = _mapped(slot.arena)
+    for name, array in inputs.items():
+        offset, dtype, shape = layout[name]
+        np.ndarray(shape, dtype=np.dtype(dtype), buffer=block, offset=offset)[...] = array
+    return layout
+
+
+def _mapped(name: str) -> mmap.mmap:
+    """The arena mapped into this worker, once. Opened as a file, not as SharedMemory: a worker that
+    attached through SharedMemory would register it with the resource tracker, which then removes it (and
+    warns) when the worker exits, under the gateway's feet."""
+    block = _MAPPED.get(name)
+    if block is None:
+        if len(_MAPPED) >= 4:  # a replaced gateway arena; the old one is not written to any more
+            for old in _MAPPED.values():
+                old.close()
+            _MAPPED.clear()
+        # S108: /dev/shm is where Linux keeps POSIX shared memory; the name is the gateway's own block.
+        with open(Path("/dev/shm") / name.lstrip("/"), "r+b") as f:  # noqa: S108
+            block = _MAPPED[name] = mmap.mmap(f.fileno(), 0)
+    return block
