@@ -287,7 +287,9 @@ class HealthProbe:
 Prebuilt = list[tuple[list[bytes], list[bytes]]]  # (frames, request ids) per frame
 
 
-def prebuild(requests: list[pb.InferRequest], frames: int, batch: int = 100, budget_s: float = 120.0) -> Prebuilt:
+def prebuild(
+    requests: list[pb.InferRequest], frames: int, batch: int = 100, budget_s: float = 120.0
+) -> Prebuilt:
     """``frames`` RequestBatch frames of ``batch`` requests, encoded before a run starts (fresh ids).
 
     The agents run on their own machines in production; encoding ahead keeps the driver's encoding off the

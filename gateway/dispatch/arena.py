@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import mmap
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing import shared_memory
@@ -22,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 ALIGN = 64  # every tensor starts on a cache line
+SHM_DIR = "/dev/shm"  # noqa: S108  (where Linux keeps POSIX shared memory; the names are the gateway's own)
 Placed = dict[str, tuple[int, str, tuple[int, ...]]]
 """Input name -> (byte offset in the arena, numpy dtype string, shape)."""
 
@@ -82,6 +84,15 @@ class FeatureArena:
         shm.unlink()
 
 
+def shm_free_bytes() -> int | None:
+    """Free bytes in /dev/shm (a container's is often only 64 MiB), or None where there is none."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
 _MAPPED: dict[str, mmap.mmap] = {}
 
 
@@ -113,7 +124,6 @@ def _mapped(name: str) -> mmap.mmap:
             for old in _MAPPED.values():
                 old.close()
             _MAPPED.clear()
-        # S108: /dev/shm is where Linux keeps POSIX shared memory; the name is the gateway's own block.
-        with open(Path("/dev/shm") / name.lstrip("/"), "r+b") as f:  # noqa: S108
+        with open(Path(SHM_DIR) / name.lstrip("/"), "r+b") as f:
             block = _MAPPED[name] = mmap.mmap(f.fileno(), 0)
     return block

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import multiprocessing
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Literal, TypeVar
 
@@ -21,7 +21,7 @@ import numpy as np
 import structlog
 
 from gateway.backends.base import BackendError, ModelSpec
-from gateway.dispatch.arena import FeatureArena, Slot
+from gateway.dispatch.arena import FeatureArena, Slot, shm_free_bytes
 from gateway.ops.metrics import GatewayMetrics
 from gateway.pipeline import worker
 from gateway.pipeline.base import Prepared
@@ -64,7 +64,17 @@ class CpuStage:
 
     def start(self) -> None:
         if self._arena_slots and self.arena is None:
-            self.arena = FeatureArena(self._arena_slots, self._arena_slot_bytes)
+            size = self._arena_slots * self._arena_slot_bytes
+            free = shm_free_bytes()
+            # A write past a full tmpfs is SIGBUS, not an error: without the room, use the pipe.
+            if free is not None and free < 2 * size:
+                log.warning(
+                    "too little shared memory for the CPU arena; prepared tensors go through the pipe",
+                    arena_bytes=size,
+                    shm_free_bytes=free,
+                )
+            else:
+                self.arena = FeatureArena(self._arena_slots, self._arena_slot_bytes)
         self._executor = self._new_executor()
         if self.mode == "process" and self.inline_max_requests:
             self._inline = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hkgw-cpu-inline")
@@ -153,11 +163,12 @@ class CpuStage:
                 self.arena.give_back(lent)
             raise BackendError("CPU stage is closed", retryable=True, status="UNAVAILABLE")
         loop = asyncio.get_running_loop()
-        future = executor.submit(fn, *args)
+        future: Future[T] | None = None
         try:
+            future = executor.submit(fn, *args)  # raises BrokenProcessPool once a worker has died
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
-            if lent is not None:
+            if lent is not None and future is not None:
                 future.add_done_callback(lambda _: self._give_back_from_any_thread(loop, lent))
             raise
         except BaseException as exc:

@@ -244,9 +244,7 @@ class RankingPipeline:
         ids, top_k = prepared.extras.get(ITEM_IDS), prepared.extras.get(TOP_K)
         if ids is None or top_k is None:  # prepared elsewhere: read them from the requests
             kept = kept_requests(prepared, requests)
-            ids = np.concatenate(
-                [np.asarray(r.ranking.candidate_item_ids, dtype=np.uint64) for r in kept] or [np.zeros(0)]
-            ).astype(np.uint64)
+            ids = np.asarray([i for r in kept for i in r.ranking.candidate_item_ids], dtype=np.uint64)
             top_k = np.asarray([r.ranking.top_k for r in kept], dtype=np.int64)
         results: list[list[pb.Tensor]] = []
         for k, rows in zip(top_k.tolist(), prepared.rows, strict=True):

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import io
 import os
 import signal
 from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
 
 from edgewire import pb
+from gateway.dispatch.arena import ALIGN, FeatureArena, place
+from gateway.dispatch.cpu import CpuStage
+from gateway.ops.metrics import GatewayMetrics
 from gateway.testing import WireClient, fresh_requests, run_gateway, wait_for
 from tests.gateway.daemon.test_serving import synthetic
+from tests.gateway.pipeline.specs import demo_spec
 
 
 async def test_pipelines_run_in_other_processes(models_dir: Path) -> None:
@@ -42,3 +53,112 @@ async def test_dead_worker_is_replaced_and_its_batch_answered(models_dir: Path) 
     assert all(r.status == pb.STATUS_OK for r in second)
     assert restarts is not None
     assert restarts >= 1
+
+
+def _stage(metrics: GatewayMetrics | None = None, **kwargs: Any) -> CpuStage:
+    return CpuStage(1, "process", metrics or GatewayMetrics(()), inline_max_requests=0, **kwargs)
+
+
+def _payloads(n: int, kind: int, seed: int) -> list[bytes]:
+    return [r.SerializeToString() for r in synthetic(n, seed=seed, kind=kind)]
+
+
+async def test_tensors_through_the_arena_equal_those_through_the_pipe() -> None:
+    """Prepared tensors read from shared memory equal the same batch returned through the pipe; the slot
+    is lent for the backend call and back afterwards."""
+    spec = demo_spec("rank-mlp")
+    payloads = _payloads(16, pb.REQUEST_KIND_RANKING, seed=71)
+    piped, shared = _stage(arena_slots=0), _stage(arena_slots=2)
+    for stage in (piped, shared):
+        stage.start()
+    try:
+        expected = await piped.prepare(spec.pipeline, spec, payloads)
+        got = await shared.prepare(spec.pipeline, spec, payloads)
+        assert shared.arena is not None
+        assert got.slot is not None
+        assert shared.arena.free == 1
+        assert expected.slot is None
+        assert expected.placed == {}
+        assert set(got.inputs) == set(expected.inputs)
+        for name, array in expected.inputs.items():
+            np.testing.assert_array_equal(got.inputs[name], array)
+        shared.release(got)
+        assert shared.arena.free == 2
+        assert got.inputs == {}
+    finally:
+        piped.close()
+        shared.close()
+
+
+async def test_a_batch_too_large_for_a_slot_comes_through_the_pipe_and_is_counted() -> None:
+    """Tensors bigger than a slot travel the ordinary way, whole, and the fallback is counted."""
+    spec = demo_spec("rank-mlp")
+    payloads = _payloads(16, pb.REQUEST_KIND_RANKING, seed=72)
+    metrics = GatewayMetrics(())
+    stage = _stage(metrics, arena_slots=2, arena_slot_bytes=4096)
+    stage.start()
+    try:
+        got = await stage.prepare(spec.pipeline, spec, payloads)
+        assert stage.arena is not None
+        assert got.slot is None
+        assert stage.arena.free == 2
+        assert got.inputs[spec.inputs[0].name].nbytes > 4096
+        count = metrics.registry.get_sample_value("hkgw_cpu_arena_fallbacks_total", {"reason": "too_large"})
+        assert count == 1
+    finally:
+        stage.close()
+
+
+async def test_a_cancelled_prepare_keeps_its_slot_until_the_worker_has_finished_writing() -> None:
+    """Cancelling the await does not stop a running worker: its slot stays lent until the worker is done."""
+    spec = demo_spec("image-classifier")
+    ramp = np.linspace(0, 255, 3000, dtype=np.uint8)
+    jpeg = io.BytesIO()
+    Image.fromarray(np.stack([np.tile(ramp, (3000, 1))] * 3, axis=-1)).save(jpeg, "JPEG", quality=90)
+    request = pb.InferRequest(
+        model_name="image-classifier",
+        kind=pb.REQUEST_KIND_IMAGE,
+        image=pb.ImageInput(data=jpeg.getvalue(), format=pb.IMAGE_FORMAT_JPEG, width=3000, height=3000),
+    )
+    payloads = [request.SerializeToString()] * 12  # 9-megapixel decodes: about a second of work
+    stage = _stage(arena_slots=1)
+    stage.start()
+    try:
+        await stage.warm_up()
+        task = asyncio.create_task(stage.prepare(spec.pipeline, spec, payloads))
+        await asyncio.sleep(0.1)  # the worker has the batch and is decoding
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert stage.arena is not None
+        assert stage.arena.free == 0
+        await wait_for(lambda: stage.arena is not None and stage.arena.free == 1, timeout_s=30)
+    finally:
+        stage.close()
+
+
+def test_arena_places_fitting_tensors_and_refuses_the_rest() -> None:
+    """A worker writes aligned tensors into its slot; too large or object tensors are not written."""
+    arena = FeatureArena(slots=2, slot_bytes=1024)
+    try:
+        slot = arena.borrow()
+        assert slot is not None
+        assert slot.index == 0
+        inputs = {"a": np.arange(10, dtype=np.float32), "b": np.arange(6, dtype=np.int64).reshape(2, 3)}
+        placed = place(slot, inputs)
+        assert placed is not None
+        assert all(offset % ALIGN == 0 for offset, _, _ in placed.values())
+        views = arena.views(placed)
+        for name, array in inputs.items():
+            np.testing.assert_array_equal(views[name], array)
+        assert place(slot, {"big": np.zeros(300, dtype=np.float32)}) is None
+        assert place(slot, {"o": np.array([b"x"], dtype=object)}) is None
+        second = arena.borrow()
+        assert second is not None
+        assert arena.borrow() is None
+        arena.give_back(slot)
+        assert arena.free == 1
+        del views
+    finally:
+        arena.close()
+        arena.close()
