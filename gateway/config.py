@@ -198,7 +198,7 @@ class CpuConfig(_Section):
     inline_max_requests: int = Field(default=4, ge=0)  # smaller batches skip the IPC round trip
     # Shared memory for prepared tensors (process mode): slots x slot_mb; 0 slots = through the pipe.
     arena_slots: int = Field(default=8, ge=0, le=256)
-    arena_slot_mb: int = Field(default=4, ge=1, le=256)
+    arena_slot_mb: int = Field(default=8, ge=1, le=256)
 
 
 class HealthConfig(_Section):

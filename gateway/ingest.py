@@ -8,6 +8,7 @@ backend call) happen later in the pool dispatchers.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -108,6 +109,10 @@ class Ingest:
         self.epoch = time.time_ns()  # a new value each time the process starts
         self._retry_after_ms = config.replies.retry_after_ms
         self._reject_log = LogSampler(interval_s=1.0)
+        metrics.dedupe_entries.set_function(lambda: len(self.dedupe))
+        # Per-request counts of the frame being handled, added to the metrics once per frame.
+        self._requests_seen: Counter[tuple[str, str, str]] = Counter()
+        self._decisions_made: Counter[tuple[str, str, str]] = Counter()
 
     # ------------------------------------------------------------------ entry point
 
@@ -231,8 +236,14 @@ class Ingest:
             if admitted is not None and self._queue(frame, request, *admitted, now, signals, ack):
                 self.dedupe.accept(request.request_id, now)
                 ack.accepted_ids.append(request.request_id)
-        self._metrics.child(self._metrics.accepted, frame.carrier.name).inc(len(ack.accepted_ids))
-        self._metrics.dedupe_entries.set(len(self.dedupe))
+        metrics = self._metrics
+        metrics.child(metrics.accepted, frame.carrier.name).inc(len(ack.accepted_ids))
+        for labels_, n in self._requests_seen.items():
+            metrics.child(metrics.requests, *labels_).inc(n)
+        for labels_, n in self._decisions_made.items():
+            metrics.child(metrics.decisions, *labels_).inc(n)
+        self._requests_seen.clear()
+        self._decisions_made.clear()
         self._send(frame, ack)
 
     def _screen(
@@ -242,9 +253,7 @@ class Ingest:
         rid = request.request_id
         priority = wire_priority(request.priority or frame.envelope.priority)
         model = self._metrics.model_label(request.model_name)
-        self._metrics.child(
-            self._metrics.requests, self._metrics.region_label(frame.region), model, priority.value
-        ).inc()
+        self._requests_seen[(self._metrics.region_label(frame.region), model, priority.value)] += 1
         if not is_valid_id(rid):
             self._nack(ack, rid, pb.NACK_REASON_INVALID_REQUEST, "request_id is not a 16-byte UUIDv7")
             return None
@@ -286,7 +295,7 @@ class Ingest:
         if not signals:
             signals.update({name: pool.signals(now) for name, pool in self._pools.items()})
         decision = self._policy.policy.decide(profile_of(request, priority, remaining, frame.region), signals)
-        self._count_decision(decision)
+        self._decisions_made[(decision.tier.value, decision.pool or "none", decision.reason.value)] += 1
         if decision.rejected or decision.pool is None:
             nack = _REJECT_NACKS.get(decision.reason, pb.NACK_REASON_OVERLOADED)
             self._nack(ack, rid, nack, decision.reason)
@@ -306,7 +315,7 @@ class Ingest:
             self._metrics.child(self._metrics.shed, decision.pool, "queue_full").inc()
             self._nack(ack, rid, pb.NACK_REASON_OVERLOADED, f"pool {decision.pool} queue full")
             return False
-        signals[decision.pool] = pool.signals(now)
+        signals[decision.pool] = pool.signals_after_submit(signals[decision.pool])
         return True
 
     def _count_decision(self, decision: Decision) -> None:

@@ -1,10 +1,12 @@
-"""Shared memory the CPU workers write prepared input tensors into, so features never travel through a pipe.
+"""Shared memory between the gateway and its CPU workers, so batches never travel through a pipe.
 
-A prepared ranking batch is about a megabyte of float32 features. Returned through the process pool it is
-pickled, written through a 64 KiB pipe in a few dozen pieces (each a wake-up of the other process), read
-and unpickled: four copies and most of the CPU stage's cost. Instead the gateway owns one shared memory
-block cut into equal slots; a batch borrows a slot, the worker copies its input tensors into it once, and
-the gateway hands numpy views of the slot to the backend. The slot goes back when the backend call is over.
+A prepared ranking batch is about a megabyte of float32 features, its requests a few hundred kilobytes.
+Through the process pool each is pickled, written through a 64 KiB pipe in dozens of pieces (each a
+wake-up of the other process), read and unpickled: four copies, the GIL held for the pickling, and most
+of the CPU stage's cost. Instead the gateway owns one shared memory block cut into equal slots. A batch
+borrows a slot; the gateway puts the serialized requests at its start, the worker parses them there and
+copies the input tensors it builds after them; the gateway hands numpy views of those to the backend and
+gives the slot back when the backend call is over.
 
 Bounded: a fixed number of slots of a fixed size. A batch that finds no free slot, or whose tensors do not
 fit in one, travels the ordinary way (counted in ``hkgw_cpu_arena_fallbacks_total``).
@@ -15,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 from pathlib import Path
@@ -64,6 +66,21 @@ class FeatureArena:
         self._free.append(slot.index)
         self._free.sort(reverse=True)
 
+    def put_payloads(self, slot: Slot, payloads: Sequence[bytes]) -> tuple[int, ...] | None:
+        """Copy a batch's serialized requests to the start of ``slot`` for the worker to read; their
+        lengths, or None when they would take more than half the slot (they then travel by pipe)."""
+        lengths = tuple(map(len, payloads))
+        if sum(lengths) > slot.size // 2:
+            return None
+        assert self._shm is not None
+        assert self._shm.buf is not None
+        buf = self._shm.buf
+        cursor = slot.offset
+        for payload, n in zip(payloads, lengths, strict=True):
+            buf[cursor : cursor + n] = payload
+            cursor += n
+        return lengths
+
     def views(self, placed: Placed) -> dict[str, np.ndarray]:
         """Arrays over the slot's bytes; valid until the slot is given back."""
         assert self._shm is not None
@@ -96,10 +113,22 @@ def shm_free_bytes() -> int | None:
 _MAPPED: dict[str, mmap.mmap] = {}
 
 
-def place(slot: Slot, inputs: Mapping[str, np.ndarray]) -> Placed | None:
-    """Worker side: copy ``inputs`` into ``slot``; None (nothing written) when they do not fit."""
-    layout: Placed = {}
+def payloads_in(slot: Slot, lengths: Sequence[int]) -> list[memoryview]:
+    """Worker side: the serialized requests the gateway put at the start of ``slot`` (views, no copy)."""
+    block = memoryview(_mapped(slot.arena))
+    out = []
     cursor = slot.offset
+    for n in lengths:
+        out.append(block[cursor : cursor + n])
+        cursor += n
+    return out
+
+
+def place(slot: Slot, inputs: Mapping[str, np.ndarray], start: int = 0) -> Placed | None:
+    """Worker side: copy ``inputs`` into ``slot`` from byte ``start`` of it on; None (nothing written) when
+    they do not fit."""
+    layout: Placed = {}
+    cursor = slot.offset + start
     end = slot.offset + slot.size
     for name, array in inputs.items():
         start = -(-cursor // ALIGN) * ALIGN

@@ -46,7 +46,7 @@ class CpuStage:
         *,
         inline_max_requests: int = 4,
         arena_slots: int = 0,
-        arena_slot_bytes: int = 4 << 20,
+        arena_slot_bytes: int = 8 << 20,
     ) -> None:
         self.workers = workers
         self.mode = mode
@@ -113,7 +113,11 @@ class CpuStage:
         if slot is None:
             self._metrics.child(self._metrics.cpu_arena_fallbacks, "no_free_slot").inc()
             return await self._run(pipeline, payloads, worker.prepare_batch, pipeline, spec, payloads)
-        prepared = await self._in_worker(worker.prepare_batch, pipeline, spec, payloads, slot, lent=slot)
+        lengths = arena.put_payloads(slot, payloads)
+        shipped = () if lengths is not None else payloads
+        prepared = await self._in_worker(
+            worker.prepare_batch, pipeline, spec, shipped, slot, lengths or (), lent=slot
+        )
         if not prepared.placed:
             arena.give_back(slot)
             if prepared.inputs:

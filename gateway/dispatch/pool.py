@@ -115,6 +115,9 @@ class PoolDispatcher:
         self._preferred = sorted(p for p in dispatch.preferred_batch_sizes if p <= self._max_batch)
         self._delay_s = dispatch.max_queue_delay_us / 1e6 if dispatch.batching else 0.0
         self._realtime_delay_s = min(dispatch.realtime_queue_delay_us / 1e6, self._delay_s)
+        # Read when scraped, not set on every request.
+        metrics.child(metrics.queue_depth, name).set_function(lambda: self._depth)
+        metrics.child(metrics.inflight, name).set_function(lambda: len(self._inflight))
 
     # ------------------------------------------------------------------ signals for routing
 
@@ -136,6 +139,15 @@ class PoolDispatcher:
             concurrency=self.concurrency,
         )
 
+    def signals_after_submit(self, before: PoolSignals) -> PoolSignals:
+        """``before`` with the queue depth as it is now: health and latency do not change within a frame."""
+        return PoolSignals(
+            queue_depth=self._depth,
+            ewma_latency_s=before.ewma_latency_s,
+            healthy=before.healthy,
+            concurrency=before.concurrency,
+        )
+
     # ------------------------------------------------------------------ intake
 
     def submit(self, item: WorkItem, now: float) -> bool:
@@ -149,7 +161,6 @@ class PoolDispatcher:
             queue = self._queues[key] = _ModelQueue()
         queue.lanes[PRIORITY_ORDER[item.priority]].append(item)
         self._depth += 1
-        self._metrics.child(self._metrics.queue_depth, self.name).set(self._depth)
         self._wake.set()
         return True
 
@@ -176,7 +187,6 @@ class PoolDispatcher:
         items = [item for queue in self._queues.values() for item in queue.take(len(queue))]
         self._queues.clear()
         self._depth = 0
-        self._metrics.child(self._metrics.queue_depth, self.name).set(0)
         return items
 
     # ------------------------------------------------------------------ lifecycle
@@ -256,7 +266,6 @@ class PoolDispatcher:
             await self._slots.acquire()
             items = queue.take(size)
             self._depth -= len(items)
-            self._metrics.child(self._metrics.queue_depth, self.name).set(self._depth)
             if not queue:
                 self._queues.pop(key, None)
             live = self._expire(items, time.monotonic())
@@ -265,13 +274,11 @@ class PoolDispatcher:
                 continue
             task = asyncio.create_task(self._serve(live), name=f"batch-{self.name}")
             self._inflight.add(task)
-            self._metrics.child(self._metrics.inflight, self.name).set(len(self._inflight))
             task.add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._inflight.discard(task)
         self._slots.release()
-        self._metrics.child(self._metrics.inflight, self.name).set(len(self._inflight))
         if not task.cancelled() and task.exception() is not None:
             log.error("batch task failed", pool=self.name, error=repr(task.exception()))
 

@@ -14,24 +14,33 @@ import numpy as np
 
 from edgewire import pb
 from gateway.backends.base import ModelSpec
-from gateway.dispatch.arena import Slot, place
+from gateway.dispatch.arena import Slot, payloads_in, place
 from gateway.pipeline.base import Prepared
 from gateway.pipeline.registry import pipeline_for
 
 
 def prepare_batch(
-    pipeline: str, spec: ModelSpec, payloads: Sequence[bytes], slot: Slot | None = None
+    pipeline: str,
+    spec: ModelSpec,
+    payloads: Sequence[bytes],
+    slot: Slot | None = None,
+    lengths: Sequence[int] = (),
 ) -> Prepared:
     """Parse the requests and build the model's input tensors in one vectorised pass.
 
     With a ``slot`` of the gateway's arena the tensors are written there and only their places travel
-    back; tensors that do not fit travel back whole.
+    back (tensors that do not fit travel back whole); with ``lengths`` the requests are read from the
+    start of the slot instead of ``payloads``.
     """
-    requests = [pb.InferRequest.FromString(p) for p in payloads]
+    sources: Sequence[bytes | memoryview] = (
+        payloads_in(slot, lengths) if slot is not None and lengths else payloads
+    )
+    # FromString takes any buffer; the stubs say bytes
+    requests = [pb.InferRequest.FromString(p) for p in sources]  # type: ignore[arg-type]
     prepared = pipeline_for(pipeline).prepare(requests, spec)
     prepared.spec = spec
     if slot is not None and prepared.inputs:
-        placed = place(slot, prepared.inputs)
+        placed = place(slot, prepared.inputs, start=sum(lengths))
         if placed is not None:
             prepared.inputs = {}
             prepared.placed = placed
