@@ -10,11 +10,9 @@ UNAVAILABLE. ``mode = "thread"`` runs the same functions on a thread (for debugg
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import multiprocessing
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, TypeVar
 
 import numpy as np
@@ -22,6 +20,7 @@ import structlog
 
 from gateway.backends.base import BackendError, ModelSpec
 from gateway.dispatch.arena import FeatureArena, Slot, shm_free_bytes
+from gateway.dispatch.workers import WorkerDied, WorkerPool
 from gateway.ops.metrics import GatewayMetrics
 from gateway.pipeline import worker
 from gateway.pipeline.base import Prepared
@@ -51,7 +50,8 @@ class CpuStage:
         self.workers = workers
         self.mode = mode
         self._metrics = metrics
-        self._executor: Executor | None = None
+        self._threads: ThreadPoolExecutor | None = None  # mode "thread"
+        self._processes: WorkerPool | None = None  # mode "process"
         # A batch this small costs less to process than to ship to a worker process and back (about a
         # millisecond of pickling and IPC): it runs on one local thread instead.
         self.inline_max_requests = inline_max_requests
@@ -75,34 +75,26 @@ class CpuStage:
                 )
             else:
                 self.arena = FeatureArena(self._arena_slots, self._arena_slot_bytes)
-        self._executor = self._new_executor()
-        if self.mode == "process" and self.inline_max_requests:
-            self._inline = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hkgw-cpu-inline")
-
-    def _new_executor(self) -> Executor:
         if self.mode == "thread":
-            return ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="hkgw-cpu")
-        # forkserver: workers are forked from a clean server process, never from this one with its
-        # ZeroMQ and ONNX Runtime threads; the pipelines are imported once in the server.
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["gateway.pipeline.worker"])
-        return ProcessPoolExecutor(
-            max_workers=self.workers, mp_context=context, initializer=worker.die_with_parent
-        )
+            self._threads = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="hkgw-cpu")
+        else:
+            # forkserver: workers are forked from a clean server process, never from this one with its
+            # ZeroMQ and ONNX Runtime threads; the pipelines are imported once in the server.
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload(["gateway.pipeline.worker"])
+            self._processes = WorkerPool(
+                self.workers, context, initializer=worker.die_with_parent, on_restart=self._restarted
+            )
+            self._processes.start()
+            if self.inline_max_requests:
+                self._inline = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hkgw-cpu-inline")
 
     async def warm_up(self) -> list[int]:
         """Start every worker now (not on the first request); returns their pids."""
-        loop = asyncio.get_running_loop()
-        assert self._executor is not None
-        return list(
-            await asyncio.gather(
-                *(loop.run_in_executor(self._executor, worker.ping) for _ in range(self.workers))
-            )
-        )
+        return list(await asyncio.gather(*(self._in_worker(worker.ping) for _ in range(self.workers))))
 
     def pids(self) -> list[int]:
-        processes = getattr(self._executor, "_processes", None) or {}
-        return sorted(processes)
+        return self._processes.pids() if self._processes is not None else []
 
     async def prepare(self, pipeline: str, spec: ModelSpec, payloads: Sequence[bytes]) -> Prepared:
         """The batch's input tensors; call :meth:`release` once the backend call that used them is over."""
@@ -158,59 +150,50 @@ class CpuStage:
         return await self._in_worker(fn, *args)
 
     async def _in_worker(self, fn: Callable[..., T], *args: Any, lent: Slot | None = None) -> T:
-        """``fn(*args)`` in a worker process. ``lent``: an arena slot the call writes into, given back
-        when the call fails, or, when the caller is cancelled, once the worker has really stopped
-        writing (a cancelled await does not stop a running worker)."""
-        executor = self._executor
-        if executor is None:
-            if lent is not None and self.arena is not None:
-                self.arena.give_back(lent)
+        """``fn(*args)`` in a worker. ``lent``: an arena slot the call writes into, given back when the
+        call fails, or, when the caller is cancelled, once the worker has really stopped writing (a
+        cancelled await does not stop a running worker)."""
+        if self._threads is not None:
+            return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
+        processes = self._processes
+        if processes is None:
+            self._give_back(lent)
             raise BackendError("CPU stage is closed", retryable=True, status="UNAVAILABLE")
-        loop = asyncio.get_running_loop()
-        future: Future[T] | None = None
+        abandoned = None if lent is None else (lambda: self._give_back(lent))
         try:
-            future = executor.submit(fn, *args)  # raises BrokenProcessPool once a worker has died
-            return await asyncio.wrap_future(future)
+            result: T = await processes.submit(fn, *args, on_abandoned=abandoned)
         except asyncio.CancelledError:
-            if lent is not None and future is not None:
-                future.add_done_callback(lambda _: self._give_back_from_any_thread(loop, lent))
             raise
         except BaseException as exc:
-            if lent is not None and self.arena is not None:
-                self.arena.give_back(lent)
-            if isinstance(exc, BrokenProcessPool):
-                self._replace(executor)
+            self._give_back(lent)
+            if isinstance(exc, WorkerDied):
                 raise BackendError(
                     "CPU worker died; batch not processed", retryable=True, status="UNAVAILABLE"
                 ) from exc
             raise
+        return result
 
-    def _give_back_from_any_thread(self, loop: asyncio.AbstractEventLoop, slot: Slot) -> None:
-        arena = self.arena
-        if arena is None:
-            return
-        with contextlib.suppress(RuntimeError):  # the loop has closed: so has the arena
-            loop.call_soon_threadsafe(arena.give_back, slot)
+    def _give_back(self, slot: Slot | None) -> None:
+        if slot is not None and self.arena is not None:
+            self.arena.give_back(slot)
 
-    def _replace(self, broken: Executor) -> None:
-        if self._executor is not broken:  # another batch already replaced it
-            return
+    def _restarted(self) -> None:
         self.restarts += 1
         self._metrics.cpu_worker_restarts.inc()
-        log.error("CPU worker died; replacing the pool", restarts=self.restarts)
-        broken.shutdown(wait=False, cancel_futures=True)
-        self._executor = self._new_executor()
 
     def close(self) -> None:
-        if self.arena is not None:
-            self.arena.close()
-            self.arena = None
+        if self._processes is not None:
+            self._processes.close()
+            self._processes = None
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
+            self._threads = None
         if self._inline is not None:
             self._inline.shutdown(wait=False, cancel_futures=True)
             self._inline = None
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
+        if self.arena is not None:
+            self.arena.close()
+            self.arena = None
 
 
 def default_workers() -> int:

@@ -1,0 +1,220 @@
+"""The CPU stage's worker processes, fed straight from the event loop.
+
+Each worker has one duplex pipe to the gateway. The gateway writes tasks into it (the one the worker runs
+and at most one more, so that the worker starts the next the moment it answers) and reads the answers
+from the loop's reader callback; nothing else runs in between. Python's
+ProcessPoolExecutor puts two helper threads in the gateway process (a manager and a queue feeder) that
+need the GIL for every hand-off: under load the event loop holds the GIL, the hand-offs wait, and the
+workers idle while work is queued (measured: worker and loop each about half busy, a core idle). Here a
+finished task's answer wakes the loop like any socket, and the worker's next task is written at once.
+
+A worker that dies (EOF on its pipe) fails its task with :class:`WorkerDied` and is replaced; queued tasks
+go to the remaining and new workers. Tasks whose caller stopped waiting still run to the end (a process
+cannot be interrupted mid-task without losing it): ``on_abandoned`` is told when such a task is over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import multiprocessing
+import multiprocessing.connection
+import os
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger("gateway.cpu")
+QUEUED_TASK_MAX_BYTES = 16 << 10
+"""A task waits in a busy worker's pipe only if it is this small: the pipe's buffer takes it without
+blocking the loop. Larger ones (requests that did not fit the arena) are written when the worker is idle."""
+
+
+class WorkerDied(Exception):
+    """The worker process running the task exited before answering."""
+
+
+@dataclass(slots=True)
+class _Task:
+    number: int
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    future: asyncio.Future[Any]
+    on_abandoned: Callable[[], None] | None = None
+    pickled: bytes | None = None  # pickled once, when first considered for sending
+
+    def settle(self, ok: bool, value: Any) -> None:
+        if self.future.cancelled():
+            if self.on_abandoned is not None:
+                self.on_abandoned()
+        elif ok:
+            self.future.set_result(value)
+        else:
+            self.future.set_exception(value)
+
+
+@dataclass(slots=True)
+class _Worker:
+    process: BaseProcess
+    conn: multiprocessing.connection.Connection
+    fd: int
+    tasks: deque[_Task] = field(default_factory=deque)  # written to it, in order; the first is running
+    alive: bool = True
+
+
+def serve(conn: multiprocessing.connection.Connection, initializer: Callable[[], None] | None) -> None:
+    """A worker's main loop: (number, fn, args) in, (number, ok, result or exception) out, until EOF."""
+    if initializer is not None:
+        initializer()
+    while True:
+        try:
+            number, fn, args = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            answer: tuple[int, bool, Any] = (number, True, fn(*args))
+        except Exception as exc:  # noqa: BLE001  (handed to the caller; the worker takes the next task)
+            answer = (number, False, exc)
+        try:
+            conn.send(answer)
+        except (EOFError, OSError):
+            return
+        except Exception as exc:  # noqa: BLE001  (an unpicklable result or error: the caller is told)
+            conn.send((number, False, RuntimeError(f"task result could not be sent: {exc!r}")))
+
+
+class WorkerPool:
+    """``workers`` processes, each running one task with at most one more waiting in its pipe; tasks
+    beyond that are queued here, in order."""
+
+    def __init__(
+        self,
+        workers: int,
+        context: multiprocessing.context.BaseContext,
+        *,
+        initializer: Callable[[], None] | None = None,
+        on_restart: Callable[[], None] | None = None,
+    ) -> None:
+        self.size = workers
+        self._context = context
+        self._initializer = initializer
+        self._on_restart = on_restart
+        self._workers: list[_Worker] = []
+        self._queue: deque[_Task] = deque()
+        self._numbers = itertools.count()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        self.restarts = 0
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        for _ in range(self.size):
+            self._workers.append(self._spawn())
+
+    def _spawn(self) -> _Worker:
+        ours, theirs = self._context.Pipe(duplex=True)
+        process = self._context.Process(  # type: ignore[attr-defined]
+            target=serve, args=(theirs, self._initializer), daemon=True, name="hkgw-cpu"
+        )
+        process.start()
+        theirs.close()
+        worker = _Worker(process, ours, ours.fileno())
+        assert self._loop is not None
+        self._loop.add_reader(worker.fd, self._answered, worker)
+        # uvloop makes a watched fd non-blocking; Connection needs blocking reads and writes (a message is
+        # written and read whole, by two processes that are both at it).
+        os.set_blocking(worker.fd, True)
+        return worker
+
+    def pids(self) -> list[int]:
+        return sorted(w.process.pid for w in self._workers if w.alive and w.process.pid is not None)
+
+    def submit(
+        self, fn: Callable[..., Any], *args: Any, on_abandoned: Callable[[], None] | None = None
+    ) -> asyncio.Future[Any]:
+        """Run ``fn(*args)`` in a worker; the future has its result or exception. ``on_abandoned`` is
+        called when a task whose future was cancelled is over (the worker ran it anyway)."""
+        assert self._loop is not None
+        if self._closed:
+            raise RuntimeError("worker pool is closed")
+        task = _Task(next(self._numbers), fn, args, self._loop.create_future(), on_abandoned)
+        self._queue.append(task)
+        self._feed()
+        return task.future
+
+    def _feed(self) -> None:
+        for worker in list(self._workers):  # a worker found dead here is replaced in the list
+            while self._queue and worker.alive and len(worker.tasks) < 2:
+                task = self._queue[0]
+                if task.pickled is None:
+                    try:
+                        task.pickled = bytes(ForkingPickler.dumps((task.number, task.fn, task.args)))
+                    except Exception as exc:  # noqa: BLE001  (unpicklable arguments: that task fails)
+                        self._queue.popleft()
+                        task.settle(False, exc)
+                        continue
+                if worker.tasks and len(task.pickled) > QUEUED_TASK_MAX_BYTES:
+                    break
+                self._queue.popleft()
+                worker.tasks.append(task)
+                data, task.pickled = task.pickled, None
+                try:
+                    worker.conn.send_bytes(data)
+                except (OSError, EOFError):
+                    self._died(worker)
+                    break
+
+    def _answered(self, worker: _Worker) -> None:
+        try:
+            number, ok, value = worker.conn.recv()
+        except (EOFError, OSError):
+            self._died(worker)
+            return
+        if worker.tasks and worker.tasks[0].number == number:
+            worker.tasks.popleft().settle(ok, value)
+        self._feed()
+
+    def _died(self, worker: _Worker) -> None:
+        if not worker.alive:
+            return
+        worker.alive = False
+        assert self._loop is not None
+        self._loop.remove_reader(worker.fd)
+        worker.conn.close()
+        worker.process.join(0)
+        pid, code = worker.process.pid, worker.process.exitcode
+        while worker.tasks:
+            worker.tasks.popleft().settle(False, WorkerDied(f"CPU worker {pid} exited ({code})"))
+        self._workers.remove(worker)
+        if self._closed:
+            return
+        self.restarts += 1
+        log.error("CPU worker died; starting another", pid=pid, restarts=self.restarts)
+        if self._on_restart is not None:
+            self._on_restart()
+        self._workers.append(self._spawn())
+        self._feed()
+
+    def close(self) -> None:
+        """Stop the workers; queued and running tasks fail. Safe twice."""
+        if self._closed:
+            return
+        self._closed = True
+        for worker in self._workers:
+            if self._loop is not None and worker.alive:
+                self._loop.remove_reader(worker.fd)
+            worker.alive = False
+            worker.conn.close()
+            worker.process.terminate()
+        for worker in self._workers:
+            worker.process.join(1.0)
+            while worker.tasks:
+                worker.tasks.popleft().settle(False, WorkerDied("CPU stage closed"))
+        self._workers.clear()
+        while self._queue:
+            self._queue.popleft().settle(False, WorkerDied("CPU stage closed"))
