@@ -138,7 +138,9 @@ async def through_pool(seconds: float, workers: int, inflight: int) -> dict[str,
             payloads = [r.SerializeToString() for r in found[model][i : i + BATCH]]
             rows = int(next(iter(worker.prepare_batch(kind, spec, payloads).inputs.values())).shape[0])
             jobs.append((kind, spec, payloads, fake_outputs(spec, rows, rng)))
-    stage = CpuStage(workers, "process", GatewayMetrics(DEMO_MODELS), inline_max_requests=0)
+    stage = CpuStage(
+        workers, "process", GatewayMetrics(DEMO_MODELS), inline_max_requests=0, arena_slots=2 * inflight
+    )
     stage.start()
     await stage.warm_up()
     done = {"requests": 0, "batches": 0}
@@ -158,6 +160,7 @@ async def through_pool(seconds: float, workers: int, inflight: int) -> dict[str,
             if time.monotonic() >= stop:
                 return
             prepared = await stage.prepare(kind, spec, payloads)
+            stage.release(prepared)  # the backend call would be here
             kept = [payloads[i] for i in prepared.kept]
             await stage.finish(kind, prepared, outputs, kept)
             done["requests"] += len(payloads)
