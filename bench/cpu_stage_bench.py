@@ -4,10 +4,11 @@
    outputs -> wire responses) of the real pipelines over realistic synthetic batches of 32 (ranking counts
    candidate rows as records too), with the demo models' specs. Outputs for ``finish`` are random arrays of
    the model's output shape: no model runs here.
-2. **Through the process pool**, as the gateway runs it (``CpuStage``, forkserver workers, requests as
-   serialized protobuf): prepare + finish of mixed batches from an event loop, a bounded number of batches
-   in flight, with the utilisation of every core read from /proc/stat over the run, and how often the event
-   loop itself got to run (a 1 ms ticker: its worst gap is what a health check or an ack would wait).
+2. **Through the worker processes**, as the gateway runs them (``CpuStage``: forkserver workers fed from
+   the event loop, requests and tensors through the shared-memory arena): prepare + finish of mixed
+   batches from an event loop, a bounded number of batches in flight, with the utilisation of every core
+   read from /proc/stat over the run, and how often the event loop itself got to run (a 1 ms ticker: its
+   worst gap is what a health check or an ack would wait).
 3. **Padding waste** of text: the synthetic text mix (short queries, long catalog descriptions) batched in
    arrival order vs grouped by the dispatcher's size bucket (``group_by_size``), tokens padded / real.
 
@@ -239,10 +240,11 @@ gets random outputs of the model's shape):
 
 {table(["kind", "prepare req/s", "finish req/s", "model rows per request"], rows)}
 
-Through the gateway's process pool (`CpuStage`: forkserver workers, requests as serialized protobuf,
-{pools[0]["inflight_batches"]} batches in flight, mixed kinds, prepare + finish), with each core's
-utilisation over the run and the gaps of a 1 ms ticker on the event loop that feeds the pool (what a
-health check or an ack would wait). The gateway's default is every core but one (`[cpu] workers = 0`):
+Through the gateway's worker processes (`CpuStage`: forkserver workers fed from the loop, requests and
+tensors through the shared-memory arena, {pools[0]["inflight_batches"]} batches in flight, mixed kinds,
+prepare + finish), with each core's utilisation over the run and the gaps of a 1 ms ticker on the event
+loop that feeds the pool (what a health check or an ack would wait). The gateway's default is every core
+but one (`[cpu] workers = 0`):
 
 {table(["workers", "req/s", "core utilisation", "loop gap p99 / max ms"], pool_rows)}
 

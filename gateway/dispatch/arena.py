@@ -1,7 +1,7 @@
 """Shared memory between the gateway and its CPU workers, so batches never travel through a pipe.
 
 A prepared ranking batch is about a megabyte of float32 features, its requests a few hundred kilobytes.
-Through the process pool each is pickled, written through a 64 KiB pipe in dozens of pieces (each a
+Through Python's process pool each is pickled, written through a 64 KiB pipe in dozens of pieces (each a
 wake-up of the other process), read and unpickled: four copies, the GIL held for the pickling, and most
 of the CPU stage's cost. Instead the gateway owns one shared memory block cut into equal slots. A batch
 borrows a slot; the gateway puts the serialized requests at its start, the worker parses them there and

@@ -1,10 +1,11 @@
 """The CPU stage's executor: pre- and post-processing off the event loop, in worker processes.
 
-The GIL would serialise tokenisation, feature assembly and top-k with the event loop, so batches go to a
-process pool (``mode = "process"``): the loop keeps reading carriers, acking and answering health checks
-while the workers use the other cores. A worker that dies breaks Python's pool; the stage replaces the
-pool and the affected batch fails with a retryable error, which the dispatcher reroutes or answers
-UNAVAILABLE. ``mode = "thread"`` runs the same functions on a thread (for debugging, or one-core hosts).
+The GIL would serialise tokenisation, feature assembly and top-k with the event loop, so batches go to
+worker processes (``mode = "process"``, workers.py) and their data through a shared-memory arena
+(arena.py): the loop keeps reading carriers, acking and answering health checks while the workers use the
+other cores. A worker that dies is replaced and the batch it held fails with a retryable error, which the
+dispatcher reroutes or answers UNAVAILABLE. ``mode = "thread"`` runs the same functions on threads (for
+debugging, or one-core hosts).
 """
 
 from __future__ import annotations
