@@ -358,6 +358,7 @@ def plots(latency: list[dict[str, Any]]) -> list[Path]:
 def render(result: dict[str, Any], seconds: float) -> str:
     ingest = result["ingest"]
     gw = ingest["gateway"]
+    via_agent = result["agent_stress"]["ok"] / result["agent_stress"]["seconds"]
     rows = [
         [
             f"hk-gateway, frames of 100 (answered; gateway used {ingest['gateway_cores']:.2f} cores)",
@@ -368,6 +369,11 @@ def render(result: dict[str, Any], seconds: float) -> str:
             "hk-gateway, driver encoding each frame and decoding each answer on the same cores",
             f"{ingest['gateway_driver_encoding']:,.0f}",
             f"{gw / ingest['gateway_driver_encoding']:.2f}x",
+        ],
+        [
+            "local service -> edge-agent intake -> gateway -> answers (the 10k run below)",
+            f"{via_agent:,.0f}",
+            f"{gw / via_agent:.2f}x",
         ],
         ["raw pyzmq PUSH/PULL, 1 per frame", f"{ingest['pyzmq']:,.0f}", f"{gw / ingest['pyzmq']:.2f}x"],
         [
