@@ -161,9 +161,12 @@ class CpuStage:
             self._give_back(lent)
             raise BackendError("CPU stage is closed", retryable=True, status="UNAVAILABLE")
         abandoned = None if lent is None else (lambda: self._give_back(lent))
+        future = processes.submit(fn, *args, on_abandoned=abandoned)
         try:
-            result: T = await processes.submit(fn, *args, on_abandoned=abandoned)
+            result: T = await future
         except asyncio.CancelledError:
+            if future.done() and not future.cancelled():  # answered, then cancelled before we resumed
+                self._give_back(lent)
             raise
         except BaseException as exc:
             self._give_back(lent)

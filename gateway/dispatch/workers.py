@@ -197,7 +197,20 @@ class WorkerPool:
         log.error("CPU worker died; starting another", pid=pid, restarts=self.restarts)
         if self._on_restart is not None:
             self._on_restart()
-        self._workers.append(self._spawn())
+        self._respawn()
+
+    def _respawn(self) -> None:
+        if self._closed:
+            return
+        try:
+            self._workers.append(self._spawn())
+        except (OSError, RuntimeError) as exc:  # e.g. out of processes or memory: try again shortly
+            log.error(
+                "cannot start a CPU worker; retrying in 1 s", error=repr(exc), running=len(self._workers)
+            )
+            assert self._loop is not None
+            self._loop.call_later(1.0, self._respawn)
+            return
         self._feed()
 
     def close(self) -> None:
