@@ -182,30 +182,27 @@ class PssPeak:
 
     def _run(self) -> None:
         while True:
-            total = 0
-            for p in process_tree(self.pid):
-                try:
-                    for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
-                        if line.startswith("Pss:"):
-                            total += int(line.split()[1])
-                except OSError:
-                    continue
-            self.peak_mb = max(self.peak_mb, total / 1024)
+            self.peak_mb = max(self.peak_mb, _tree_mb(self.pid, "smaps_rollup", "Pss:"))
             if self._stop.wait(0.02):
                 return
 
 
-def _peak_rss_mb(pid: int) -> float:
-    """VmHWM of the process and its descendants (the CPU workers), MiB."""
+def _tree_mb(pid: int, file: str, field: str) -> float:
+    """A kB field of /proc/<pid>/<file>, summed over the process and its descendants, in MiB."""
     total = 0
     for p in process_tree(pid):
         try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
+            for line in Path(f"/proc/{p}/{file}").read_text().splitlines():
+                if line.startswith(field):
                     total += int(line.split()[1])
         except OSError:
             continue
     return total / 1024
+
+
+def _peak_rss_mb(pid: int) -> float:
+    """VmHWM of the process and its descendants (the CPU workers), MiB."""
+    return _tree_mb(pid, "status", "VmHWM:")
 
 
 def stress(peer: Peer, requests: list[pb.InferRequest], n: int = 10_000, batch: int = 100) -> dict[str, Any]:
