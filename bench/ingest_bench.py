@@ -200,6 +200,16 @@ def _tree_mb(pid: int, file: str, field: str) -> float:
     return total / 1024
 
 
+def _reset_peak_rss(pid: int) -> None:
+    """Restart VmHWM counting for the process tree (Linux: "5" to clear_refs), so that the peak read
+    afterwards is the stress run's, not the throughput runs' before it."""
+    for p in process_tree(pid):
+        try:
+            Path(f"/proc/{p}/clear_refs").write_text("5")
+        except OSError:
+            continue
+
+
 def _peak_rss_mb(pid: int) -> float:
     """VmHWM of the process and its descendants (the CPU workers), MiB."""
     return _tree_mb(pid, "status", "VmHWM:")
@@ -211,6 +221,7 @@ def stress(peer: Peer, requests: list[pb.InferRequest], n: int = 10_000, batch: 
     tracker = Tracker(codec, True)
     poller = zmq.Poller()
     poller.register(peer.sock, zmq.POLLIN)
+    _reset_peak_rss(peer.proc.pid)
     with PssPeak(peer.proc.pid) as pss:
         start = time.perf_counter()
         for offset in range(0, n, batch):
@@ -281,6 +292,7 @@ def agent_stress(
 
     try:
         time.sleep(2.0)  # the agent's start-up: imports, discovery, its first pong
+        _reset_peak_rss(gateway.proc.pid)
         start = time.perf_counter()
         with PssPeak(gateway.proc.pid) as gateway_pss, PssPeak(agent.pid) as agent_pss:
             answers = asyncio.run(run())
@@ -461,9 +473,10 @@ overhead = the difference at that percentile):
   a local service): {a["ok"]:,} answered OK, {a["refused"]:,} refused explicitly {a["statuses"]},
   **{a["lost"]} lost**, settled in {a["seconds"]:.1f} s.
 
-Memory at the peak, gateway with its CPU worker and forkserver: {pss:.0f} MiB PSS (sampled every 20 ms;
-shared pages split among the processes that map them), {rss:.0f} MiB summing each process's VmHWM (the
-Python libraries and the CPU arena, mapped by several processes, counted once per process). Edge agent:
+Memory at the peak of the two 10k runs (peaks reset before each), gateway with its CPU worker and
+forkserver: {pss:.0f} MiB PSS (sampled every 20 ms; shared pages split among the processes that map them),
+{rss:.0f} MiB summing each process's VmHWM (the Python libraries and the CPU arena, mapped by several
+processes, counted once per process). Edge agent:
 {a["agent_peak_pss_mb"]:.0f} MiB PSS, {a["agent_peak_rss_mb"]:.0f} MiB VmHWM.
 
 Against the issue's figures:
