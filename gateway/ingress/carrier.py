@@ -24,6 +24,10 @@ from gateway.ops.metrics import GatewayMetrics
 log = structlog.get_logger("gateway.ingress")
 
 OnMessage = Callable[["CarrierIngress", list[zmq.Frame]], None]
+READ_BUDGET_S = 0.002
+"""A wake-up reads messages for at most about this long (a frame of 100 requests takes a few ms), then
+lets everything else on the loop run: a burst of large frames must not keep the CPU workers' answers,
+and so the workers, waiting."""
 _HANDSHAKE_FAILURES: dict[int, str] = {
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "no_detail",
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol",
@@ -168,6 +172,7 @@ class CarrierIngress:
         sock = self._sock
         if sock is None or not self._reading:
             return
+        until = time.monotonic() + READ_BUDGET_S
         for _ in range(self._zcfg.max_messages_per_wakeup):
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -179,7 +184,10 @@ class CarrierIngress:
                 log.error("carrier receive failed; not reading any more", carrier=self.name, error=repr(exc))
                 return
             self._deliver(frames)
-        # A full burst: more may wait. Let the batchers, replies and health checks run first.
+            if time.monotonic() >= until:
+                break
+        # A full burst or the time budget: more may wait. Let the batchers, the CPU workers' answers,
+        # replies and health checks run first.
         self._schedule_read()
 
     def _schedule_read(self) -> None:
