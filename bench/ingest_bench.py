@@ -507,6 +507,8 @@ under this load (py-spy, cProfile):
    instead of ProcessPoolExecutor, whose manager and feeder threads need the GIL for every hand-off: the
    loop held it and the worker idled with work queued.
 5. Per-frame instead of per-request metric updates; queue, in-flight and dedupe gauges read at scrape.
+6. A carrier wake-up reads for at most ~2 ms, so a burst of large frames does not hold up the workers'
+   answers (and so the workers).
 
 What limits it now: the gateway process's one thread. Under this load it is busy ~70% of the time
 (py-spy), the CPU worker ~50%: ~55 us of Python per request in the loop (decode and screening ~10 us,
