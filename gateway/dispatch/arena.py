@@ -3,10 +3,10 @@
 A prepared ranking batch is about a megabyte of float32 features, its requests a few hundred kilobytes.
 Through Python's process pool each is pickled, written through a 64 KiB pipe in dozens of pieces (each a
 wake-up of the other process), read and unpickled: four copies and the GIL held for the pickling, about
-a quarter of the gateway's time under the ingest benchmark. Instead the gateway owns one shared memory block cut into equal slots. A batch
-borrows a slot; the gateway puts the serialized requests at its start, the worker parses them there and
-copies the input tensors it builds after them; the gateway hands numpy views of those to the backend and
-gives the slot back when the backend call is over.
+a quarter of the gateway's time under the ingest benchmark. Instead the gateway owns one shared memory
+block cut into equal slots. A batch borrows a slot; the gateway puts the serialized requests at its
+start, the worker parses them there and copies the input tensors it builds after them; the gateway hands
+numpy views of those to the backend and gives the slot back when the backend call is over.
 
 Bounded: a fixed number of slots of a fixed size. A batch that finds no free slot, or whose tensors do not
 fit in one, travels the ordinary way (counted in ``hkgw_cpu_arena_fallbacks_total``).
