@@ -65,17 +65,9 @@ class CpuStage:
 
     def start(self) -> None:
         if self._arena_slots and self.arena is None:
-            size = self._arena_slots * self._arena_slot_bytes
-            free = shm_free_bytes()
-            # A write past a full tmpfs is SIGBUS, not an error: without the room, use the pipe.
-            if free is not None and free < 2 * size:
-                log.warning(
-                    "too little shared memory for the CPU arena; prepared tensors go through the pipe",
-                    arena_bytes=size,
-                    shm_free_bytes=free,
-                )
-            else:
-                self.arena = FeatureArena(self._arena_slots, self._arena_slot_bytes)
+            slots = self._arena_slots_that_fit()
+            if slots:
+                self.arena = FeatureArena(slots, self._arena_slot_bytes)
         if self.mode == "thread":
             self._threads = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="hkgw-cpu")
         else:
@@ -89,6 +81,21 @@ class CpuStage:
             self._processes.start()
             if self.inline_max_requests:
                 self._inline = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hkgw-cpu-inline")
+
+    def _arena_slots_that_fit(self) -> int:
+        """The configured slots, or as many as half of /dev/shm's free room holds (a container's is often
+        64 MiB): a write past a full tmpfs is SIGBUS, not an error. Fewer than 2: no arena, the pipe."""
+        wanted, slot = self._arena_slots, self._arena_slot_bytes
+        free = shm_free_bytes()
+        if free is None or free >= 2 * wanted * slot:
+            return wanted
+        fitting = free // 2 // slot
+        fitting = fitting if fitting >= 2 else 0
+        event = (
+            "little shared memory: a smaller CPU arena" if fitting else "no room for the CPU arena: pipe only"
+        )
+        log.warning(event, wanted_slots=wanted, slots=fitting, slot_bytes=slot, shm_free_bytes=free)
+        return fitting
 
     async def warm_up(self) -> list[int]:
         """Start every worker now (not on the first request); returns their pids."""

@@ -14,6 +14,7 @@ import pytest
 from PIL import Image
 
 from edgewire import pb
+from gateway.dispatch import cpu as cpu_module
 from gateway.dispatch.arena import ALIGN, FeatureArena, place
 from gateway.dispatch.cpu import CpuStage
 from gateway.ops.metrics import GatewayMetrics
@@ -162,3 +163,24 @@ def test_arena_places_fitting_tensors_and_refuses_the_rest() -> None:
     finally:
         arena.close()
         arena.close()
+
+
+@pytest.mark.parametrize(("free_mb", "slots"), [(1024, 8), (64, 4), (20, 0)])
+async def test_the_arena_fits_in_the_room_dev_shm_has(
+    monkeypatch: pytest.MonkeyPatch, free_mb: int, slots: int
+) -> None:
+    """A small /dev/shm (a container's 64 MiB) gets a smaller arena; one too small for two slots gets
+    none, and batches still come back whole through the pipe."""
+    monkeypatch.setattr(cpu_module, "shm_free_bytes", lambda: free_mb << 20)
+    spec = demo_spec("rank-mlp")
+    payloads = _payloads(16, pb.REQUEST_KIND_RANKING, seed=75)
+    stage = _stage(arena_slots=8, arena_slot_bytes=8 << 20)
+    stage.start()
+    try:
+        assert (stage.arena.slots if stage.arena is not None else 0) == slots
+        prepared = await stage.prepare(spec.pipeline, spec, payloads)
+        assert (prepared.slot is not None) == (slots > 0)
+        assert prepared.inputs[spec.inputs[0].name].shape[0] > 16
+        stage.release(prepared)
+    finally:
+        stage.close()
