@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict, deque
-from dataclasses import dataclass
 
 
 class RequestState(enum.Enum):
@@ -17,45 +16,45 @@ class RequestState(enum.Enum):
     DONE = "done"  # answered
 
 
-@dataclass(slots=True)
-class _Entry:
-    state: RequestState
-    expires: float
-
-
 class DedupeWindow:
-    """Bounded by time (``window_s``) and by count (``max_entries``, oldest evicted first, and counted)."""
+    """Bounded by time (``window_s``) and by count (``max_entries``, oldest evicted first, and counted).
+
+    Kept small because it holds every id of the last ``window_s`` (millions at full rate): one dict entry
+    (id -> expiry time, negated once the request is answered) and one deque slot per id, about 150 bytes
+    with the 16-byte id itself. Expiry times only grow (a monotonic clock plus a fixed window), so the
+    deque in acceptance order is also in expiry order.
+    """
 
     def __init__(self, window_s: float, max_entries: int) -> None:
         self.window_s = window_s
         self.max_entries = max_entries
-        self._entries: dict[bytes, _Entry] = {}
-        self._order: deque[tuple[float, bytes]] = deque()
+        self._entries: dict[bytes, float] = {}  # id -> expiry; negative: answered (DONE)
+        self._order: deque[bytes] = deque()  # ids in acceptance order; a forgotten, resent id may recur
         self.evicted_early = 0  # entries dropped by the count bound before their time: dedupe got weaker
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def state(self, request_id: bytes, now: float) -> RequestState | None:
-        entry = self._entries.get(request_id)
-        if entry is None or entry.expires <= now:
+        expires = self._entries.get(request_id)
+        if expires is None or abs(expires) <= now:
             return None
-        return entry.state
+        return RequestState.DONE if expires < 0 else RequestState.PENDING
 
     def accept(self, request_id: bytes, now: float) -> None:
         """Record a newly accepted request as PENDING."""
         self._expire(now)
-        while len(self._entries) >= self.max_entries and self._order:
-            _, oldest = self._order.popleft()
-            if self._entries.pop(oldest, None) is not None:
+        entries, order = self._entries, self._order
+        while len(entries) >= self.max_entries and order:
+            if entries.pop(order.popleft(), None) is not None:
                 self.evicted_early += 1
-        self._entries[request_id] = _Entry(RequestState.PENDING, now + self.window_s)
-        self._order.append((now + self.window_s, request_id))
+        entries[request_id] = now + self.window_s
+        order.append(request_id)
 
     def done(self, request_id: bytes) -> None:
-        entry = self._entries.get(request_id)
-        if entry is not None:
-            entry.state = RequestState.DONE
+        expires = self._entries.get(request_id)
+        if expires is not None and expires > 0:
+            self._entries[request_id] = -expires
 
     def forget(self, request_id: bytes) -> None:
         """Drop an id so that a resend is served (used when queued work is handed back on drain)."""
@@ -63,11 +62,11 @@ class DedupeWindow:
 
     def _expire(self, now: float) -> None:
         order, entries = self._order, self._entries
-        while order and order[0][0] <= now:
-            expires, request_id = order.popleft()
-            entry = entries.get(request_id)
-            if entry is not None and entry.expires == expires:
-                del entries[request_id]
+        while order:
+            expires = entries.get(order[0])
+            if expires is not None and abs(expires) > now:
+                return  # the oldest live id has not expired: neither has anything after it
+            entries.pop(order.popleft(), None)
 
 
 class ResponseCache:

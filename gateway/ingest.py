@@ -113,6 +113,7 @@ class Ingest:
         # Per-request counts of the frame being handled, added to the metrics once per frame.
         self._requests_seen: Counter[tuple[str, str, str]] = Counter()
         self._decisions_made: Counter[tuple[str, str, str]] = Counter()
+        self._evicted_counted = 0
 
     # ------------------------------------------------------------------ entry point
 
@@ -244,6 +245,9 @@ class Ingest:
             metrics.child(metrics.decisions, *labels_).inc(n)
         self._requests_seen.clear()
         self._decisions_made.clear()
+        if self.dedupe.evicted_early != self._evicted_counted:
+            metrics.dedupe_evicted.inc(self.dedupe.evicted_early - self._evicted_counted)
+            self._evicted_counted = self.dedupe.evicted_early
         self._send(frame, ack)
 
     def _screen(

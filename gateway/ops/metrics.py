@@ -148,6 +148,11 @@ class GatewayMetrics:
             f"{NS}_pending_replies", "Responses waiting for their agent to return", registry=r
         )
         self.dedupe_entries = Gauge(f"{NS}_dedupe_entries", "Request ids in the dedupe window", registry=r)
+        self.dedupe_evicted = Counter(
+            f"{NS}_dedupe_evicted_early",
+            "Ids dropped from the dedupe window by its count bound before their time (dedupe got weaker)",
+            registry=r,
+        )
         self.draining = Gauge(f"{NS}_draining", "1 while the gateway drains", registry=r)
         self.ready = Gauge(f"{NS}_ready", "1 when every tier has a healthy pool", registry=r)
         self.padding_waste = Histogram(

@@ -132,3 +132,19 @@ def test_codec_client_and_gateway_agree_on_ids() -> None:
     frames = FrameCodec().encode(pb.RequestBatch(requests=[pb.InferRequest(request_id=new_id())]))
     assert len(frames) == 2
     assert Counter(type(f) for f in frames) == Counter({bytes: 2})
+
+
+async def test_ids_the_dedupe_bound_drops_early_are_counted(models_dir: Path) -> None:
+    """Past dedupe.max_entries the oldest ids leave the window before their time, and the gateway says
+    how many (hkgw_dedupe_evicted_early_total): those could be served twice if resent."""
+    async with (
+        run_gateway(models_dir=models_dir, dedupe={"max_entries": 1000}) as gw,
+        WireClient(gw.endpoint("hgc")) as agent,
+    ):
+        for seed in range(11):
+            responses = await agent.infer(synthetic(100, seed=90 + seed))
+            assert len(responses) == 100
+        evicted = gw.metrics.registry.get_sample_value("hkgw_dedupe_evicted_early_total")
+        entries = gw.metrics.registry.get_sample_value("hkgw_dedupe_entries")
+    assert evicted == 100
+    assert entries == 1000

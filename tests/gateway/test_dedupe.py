@@ -1,0 +1,67 @@
+"""The dedupe window: states, expiry, the count bound, and what an id costs in memory."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+from edgewire import new_id
+from gateway.dedupe import DedupeWindow, RequestState
+
+
+def test_an_accepted_id_is_pending_then_done_until_its_window_ends() -> None:
+    """Accept -> PENDING, done -> DONE, and after window_s the id is unknown again."""
+    window = DedupeWindow(window_s=10.0, max_entries=1000)
+    rid = new_id()
+    assert window.state(rid, 0.0) is None
+    window.accept(rid, 1.0)
+    assert window.state(rid, 2.0) is RequestState.PENDING
+    window.done(rid)
+    assert window.state(rid, 10.9) is RequestState.DONE
+    assert window.state(rid, 11.0) is None
+    window.accept(new_id(), 11.5)  # expiry is applied on accept
+    assert len(window) == 1
+
+
+def test_the_count_bound_evicts_the_oldest_and_counts_it() -> None:
+    """Past max_entries the oldest ids go first, before their time, and each is counted."""
+    window = DedupeWindow(window_s=100.0, max_entries=1000)
+    ids = [new_id() for _ in range(1003)]
+    for i, rid in enumerate(ids):
+        window.accept(rid, float(i) / 1000)
+    assert len(window) == 1000
+    assert window.evicted_early == 3
+    assert all(window.state(rid, 2.0) is None for rid in ids[:3])
+    assert all(window.state(rid, 2.0) is RequestState.PENDING for rid in ids[3:])
+
+
+def test_a_forgotten_id_is_served_again_and_tracked_from_its_new_acceptance() -> None:
+    """forget() makes a resend new; accepted again, it lives for a full window from then."""
+    window = DedupeWindow(window_s=10.0, max_entries=1000)
+    rid, other = new_id(), new_id()
+    window.accept(rid, 0.0)
+    window.accept(other, 1.0)
+    window.forget(rid)
+    assert window.state(rid, 2.0) is None
+    window.accept(rid, 5.0)
+    window.accept(new_id(), 12.0)  # past the first acceptance's end: its stale slot goes, the id stays
+    assert window.state(rid, 12.0) is RequestState.PENDING
+    assert window.state(other, 12.0) is None
+    assert window.state(rid, 15.0) is None
+
+
+def test_an_id_costs_under_200_bytes() -> None:
+    """Millions of ids sit in the window at full rate: each costs its 16-byte id, an expiry and a slot."""
+    ids = [new_id() for _ in range(100_000)]
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        window = DedupeWindow(window_s=600.0, max_entries=2_000_000)
+        for i, rid in enumerate(ids):
+            window.accept(rid, 1.0 + i * 1e-6)
+        for rid in ids[::2]:
+            window.done(rid)
+        after, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(window) == len(ids)
+    assert (after - before) / len(ids) < 200
