@@ -172,14 +172,11 @@ class Tracker:
         self.nacks: Counter[str] = Counter()
 
     def sent(self, frames: list[bytes], requests: Sequence[pb.InferRequest], at: float) -> None:
-        self.sent_ids(frames, [r.request_id for r in requests], at)
-
-    def sent_ids(self, frames: list[bytes], request_ids: Sequence[bytes], at: float) -> None:
         frame_id = pb.Envelope.FromString(frames[0]).message_id
-        self.remaining[frame_id] = len(request_ids)
-        for rid in request_ids:
-            self.frame_of[rid] = frame_id
-            self.sent_at[rid] = at
+        self.remaining[frame_id] = len(requests)
+        for request in requests:
+            self.frame_of[request.request_id] = frame_id
+            self.sent_at[request.request_id] = at
 
     def received(self, frames: list[bytes], at: float) -> None:
         if not self.is_gateway:  # the echo sends the frame back whole: every request of it is answered
@@ -284,31 +281,6 @@ class HealthProbe:
         )
 
 
-Prebuilt = list[tuple[list[bytes], list[bytes]]]  # (frames, request ids) per frame
-
-
-def prebuild(
-    requests: list[pb.InferRequest], frames: int, batch: int = 100, budget_s: float = 120.0
-) -> Prebuilt:
-    """``frames`` RequestBatch frames of ``batch`` requests, encoded before a run starts (fresh ids).
-
-    The agents run on their own machines in production; encoding ahead keeps the driver's encoding off the
-    two cores the gateway is measured on (the edge agent's own encoding rate is bench/agent_bench.py's).
-    """
-    codec = FrameCodec()
-    out: Prebuilt = []
-    for f in range(frames):
-        chunk = [requests[(f * batch + i) % len(requests)] for i in range(batch)]
-        restamp(chunk, budget_s)
-        out.append(
-            (
-                codec.encode(pb.RequestBatch(requests=chunk), agent_id="bench", region="us-west"),
-                [r.request_id for r in chunk],
-            )
-        )
-    return out
-
-
 def throughput(
     peer: Peer,
     requests: list[pb.InferRequest],
@@ -316,13 +288,8 @@ def throughput(
     is_gateway: bool,
     batch: int = 100,
     window: int = 8,
-    prebuilt: Prebuilt | None = None,
 ) -> Run:
-    """Closed loop: ``window`` frames of ``batch`` requests in flight for ``seconds``.
-
-    With ``prebuilt`` frames the run sends those (and ends early when they run out) instead of encoding
-    each frame as it goes.
-    """
+    """Closed loop: ``window`` frames of ``batch`` requests in flight for ``seconds``."""
     codec = FrameCodec()
     tracker = Tracker(codec, is_gateway)
     poller = zmq.Poller()
@@ -331,25 +298,14 @@ def throughput(
     start = time.perf_counter()
     end = start + seconds
     offset = 0
-    ready = iter(prebuilt or [])
     while time.perf_counter() < end or tracker.in_flight:
         while tracker.in_flight < window and time.perf_counter() < end:
-            if prebuilt is not None:
-                built = next(ready, None)
-                if built is None:
-                    end = time.perf_counter()
-                    break
-                frames, ids = built
-                tracker.sent_ids(frames, ids, time.perf_counter())
-            else:
-                chunk = [requests[(offset + i) % len(requests)] for i in range(batch)]
-                offset += batch
-                restamp(chunk, 30.0)
-                frames = codec.encode(pb.RequestBatch(requests=chunk), agent_id="bench", region="us-west")
-                tracker.sent(frames, chunk, time.perf_counter())
+            chunk = [requests[(offset + i) % len(requests)] for i in range(batch)]
+            offset += batch
+            restamp(chunk, 30.0)
+            frames = codec.encode(pb.RequestBatch(requests=chunk), agent_id="bench", region="us-west")
+            tracker.sent(frames, chunk, time.perf_counter())
             peer.sock.send_multipart(frames, copy=False)
-        if not tracker.in_flight:
-            break
         if not poller.poll(10_000):
             raise RuntimeError(f"{peer.name}: nothing back for 10 s ({tracker.in_flight} frames in flight)")
         drain(peer, tracker)
