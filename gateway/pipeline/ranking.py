@@ -26,7 +26,7 @@ from edgewire import pb
 from edgewire.pb.edgeinfer.v1.views_pb2 import RankingDenseView
 from gateway.backends.base import ModelSpec
 from gateway.pipeline.base import Prepared
-from gateway.pipeline.tensor import InvalidInput, batch_slices, kept_requests, tensor_from_array
+from gateway.pipeline.tensor import InvalidInput, batch_slices, tensor_from_array
 
 SCORES = "scores"
 ITEM_IDS = "item_ids"
@@ -237,15 +237,11 @@ class RankingPipeline:
     ) -> list[list[pb.Tensor]]:
         """Per kept request, its candidates ordered by score, best first, cut to ``top_k`` (0 = all).
 
-        The item ids and ``top_k`` come from what ``prepare`` kept (``extras``); ``requests`` (the whole
-        batch given to ``prepare`` or only the kept requests) are read only for a batch without them.
+        The item ids and ``top_k`` come from what ``prepare`` kept (``extras``), so ``requests`` are not
+        read: the CPU stage does not send them to the worker a second time.
         """
         scores = np.asarray(outputs[SCORES], dtype=np.float32).reshape(-1)
-        ids, top_k = prepared.extras.get(ITEM_IDS), prepared.extras.get(TOP_K)
-        if ids is None or top_k is None:  # prepared elsewhere: read them from the requests
-            kept = kept_requests(prepared, requests)
-            ids = np.asarray([i for r in kept for i in r.ranking.candidate_item_ids], dtype=np.uint64)
-            top_k = np.asarray([r.ranking.top_k for r in kept], dtype=np.int64)
+        ids, top_k = prepared.extras[ITEM_IDS], prepared.extras[TOP_K]
         results: list[list[pb.Tensor]] = []
         for k, rows in zip(top_k.tolist(), prepared.rows, strict=True):
             own = scores[rows]
