@@ -62,9 +62,8 @@ class LocalTier:
                 for i in prepared.kept:
                     out[requests[i].request_id] = self._status(requests[i], pb.STATUS_INTERNAL, str(exc))
             else:
-                kept = [payloads[i] for i in prepared.kept]
                 fragments = await loop.run_in_executor(
-                    self._cpu, worker.finish_batch, spec.pipeline, prepared, result.outputs, kept
+                    self._cpu, worker.finish_batch, spec.pipeline, prepared, result.outputs
                 )
                 total_us = int((time.perf_counter() - started) * 1e6)
                 for i, fragment in zip(prepared.kept, fragments, strict=True):

@@ -140,7 +140,7 @@ class CpuStage:
         """Per kept request, its outputs as response bytes. ``payloads`` (the kept requests) decide where
         it runs; they are not sent: what finish needs beyond the outputs travels in ``prepared.extras``."""
         return await self._run(
-            pipeline, payloads, worker.finish_batch, pipeline, worker.without_inputs(prepared), outputs, ()
+            pipeline, payloads, worker.finish_batch, pipeline, worker.without_inputs(prepared), outputs
         )
 
     def _runs_here(self, payloads: Sequence[bytes]) -> bool:

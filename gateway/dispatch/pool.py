@@ -329,7 +329,7 @@ class PoolDispatcher:
             return
         t_infer = time.perf_counter()
         try:
-            outcome = await self._call_backend(items, prepared, spec)
+            outcome = await self._call_backend(items, prepared, spec, t_infer)
         finally:
             self._cpu.release(prepared)
         if outcome is None:
@@ -350,11 +350,11 @@ class PoolDispatcher:
         self._answer(kept, outputs, model, result.model_version, timing, started=now)
 
     async def _call_backend(
-        self, items: list[WorkItem], prepared: Prepared, spec: ModelSpec
+        self, items: list[WorkItem], prepared: Prepared, spec: ModelSpec, t_infer: float
     ) -> tuple[InferResult, list[WorkItem], float] | None:
-        """The backend call for a prepared batch: (result, the requests it served, when it returned), or
-        None when every request was answered otherwise (rejected inputs, a failed call)."""
-        t_infer = time.perf_counter()
+        """The backend call for a prepared batch (started at ``t_infer``): (result, the requests it served,
+        when it returned), or None when every request was answered otherwise (rejected inputs, a failed
+        call)."""
         model, version = items[0].model, items[0].version
         self._reject_inputs(items, prepared, spec)
         if not prepared.kept:

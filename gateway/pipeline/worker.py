@@ -47,13 +47,10 @@ def prepare_batch(
     return prepared
 
 
-def finish_batch(
-    pipeline: str, prepared: Prepared, outputs: Mapping[str, np.ndarray], payloads: Sequence[bytes]
-) -> list[bytes]:
-    """Per kept request, its outputs as response bytes. ``payloads`` (the kept requests, in order) may be
-    empty: the pipelines take what they need from ``prepared``."""
-    requests = [pb.InferRequest.FromString(p) for p in payloads]
-    tensors = pipeline_for(pipeline).finish(prepared, outputs, requests)
+def finish_batch(pipeline: str, prepared: Prepared, outputs: Mapping[str, np.ndarray]) -> list[bytes]:
+    """Per kept request, its outputs as response bytes; what the pipeline needs besides the outputs is in
+    ``prepared`` (the requests are not sent again)."""
+    tensors = pipeline_for(pipeline).finish(prepared, outputs, ())
     return [pb.InferResponse(outputs=t).SerializeToString() for t in tensors]
 
 
