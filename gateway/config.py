@@ -199,6 +199,9 @@ class CpuConfig(_Section):
     # Shared memory for prepared tensors (process mode): slots x slot_mb; 0 slots = through the pipe.
     arena_slots: int = Field(default=8, ge=0, le=256)
     arena_slot_mb: int = Field(default=8, ge=1, le=256)
+    # A task (one batch's pre- or post-processing) running longer gets its worker killed and replaced, and
+    # its batch answered INTERNAL; 0 = never (process mode only: a thread cannot be stopped).
+    task_timeout_s: float = Field(default=30.0, ge=0)
 
 
 class HealthConfig(_Section):

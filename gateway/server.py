@@ -130,6 +130,7 @@ class Gateway:
                 inline_max_requests=cfg.cpu.inline_max_requests,
                 arena_slots=cfg.cpu.arena_slots,
                 arena_slot_bytes=cfg.cpu.arena_slot_mb << 20,
+                task_timeout_s=cfg.cpu.task_timeout_s,
             )
             self.cpu.start()
             await self.cpu.warm_up()

@@ -21,7 +21,7 @@ import structlog
 
 from gateway.backends.base import BackendError, ModelSpec
 from gateway.dispatch.arena import FeatureArena, Slot, shm_free_bytes
-from gateway.dispatch.workers import WorkerDied, WorkerPool
+from gateway.dispatch.workers import TaskTimedOut, WorkerDied, WorkerPool
 from gateway.ops.metrics import GatewayMetrics
 from gateway.pipeline import worker
 from gateway.pipeline.base import Prepared
@@ -47,6 +47,7 @@ class CpuStage:
         inline_max_requests: int = 4,
         arena_slots: int = 0,
         arena_slot_bytes: int = 8 << 20,
+        task_timeout_s: float = 0.0,
     ) -> None:
         self.workers = workers
         self.mode = mode
@@ -62,6 +63,7 @@ class CpuStage:
         self._arena_slots = arena_slots if mode == "process" else 0
         self._arena_slot_bytes = arena_slot_bytes
         self.arena: FeatureArena | None = None
+        self.task_timeout_s = task_timeout_s  # process mode: a longer task gets its worker killed
 
     def start(self) -> None:
         if self._arena_slots and self.arena is None:
@@ -76,7 +78,12 @@ class CpuStage:
             context = multiprocessing.get_context("forkserver")
             context.set_forkserver_preload(["gateway.pipeline.worker"])
             self._processes = WorkerPool(
-                self.workers, context, initializer=worker.die_with_parent, on_restart=self._restarted
+                self.workers,
+                context,
+                initializer=worker.die_with_parent,
+                on_restart=self._restarted,
+                task_timeout_s=self.task_timeout_s,
+                on_timeout=self._metrics.cpu_task_timeouts.inc,
             )
             self._processes.start()
             if self.inline_max_requests:
@@ -177,6 +184,9 @@ class CpuStage:
             raise
         except BaseException as exc:
             self._give_back(lent)
+            if isinstance(exc, TaskTimedOut):
+                # Not retried elsewhere: the same batch would most likely hang the next worker too.
+                raise BackendError(str(exc), retryable=False, status="INTERNAL") from exc
             if isinstance(exc, WorkerDied):
                 raise BackendError(
                     "CPU worker died; batch not processed", retryable=True, status="UNAVAILABLE"

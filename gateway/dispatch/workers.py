@@ -8,8 +8,12 @@ need the GIL for every hand-off; under load the event loop holds it and the hand
 finished task's answer wakes the loop like any socket (bench/ingest_bench.py with the same pools: 8.7k ->
 10.5k records/s).
 
-A worker that dies (EOF on its pipe) fails its task with :class:`WorkerDied` and is replaced; queued tasks
-go to the remaining and new workers. Tasks whose caller stopped waiting still run to the end (a process
+A worker that dies (EOF on its pipe) fails the task it was running with :class:`WorkerDied` and is
+replaced; the task waiting behind it in its pipe never started and goes back to the front of the queue,
+for the remaining and new workers. A task that runs longer than ``task_timeout_s`` (a pathological input
+that makes a decoder spin, a deadlock in a native library) gets its worker killed: the task fails with
+:class:`TaskTimedOut` once the process is gone (so it writes nothing more to shared memory), and the
+worker is replaced like a dead one. Tasks whose caller stopped waiting still run to the end (a process
 cannot be interrupted mid-task without losing it): ``on_abandoned`` is told when such a task is over.
 """
 
@@ -20,6 +24,7 @@ import itertools
 import multiprocessing
 import multiprocessing.connection
 import os
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +43,10 @@ written when the worker is idle and reading."""
 
 class WorkerDied(Exception):
     """The worker process running the task exited before answering."""
+
+
+class TaskTimedOut(WorkerDied):
+    """The task ran longer than the pool's ``task_timeout_s``; its worker was killed and replaced."""
 
 
 @dataclass(slots=True)
@@ -66,6 +75,8 @@ class _Worker:
     fd: int
     tasks: deque[_Task] = field(default_factory=deque)  # written to it, in order; the first is running
     alive: bool = True
+    running_since: float = 0.0  # when tasks[0] was written or became first (monotonic)
+    killed_after_s: float = 0.0  # > 0: killed because tasks[0] ran this long
 
 
 def serve(conn: multiprocessing.connection.Connection, initializer: Callable[[], None] | None) -> None:
@@ -100,7 +111,10 @@ class WorkerPool:
         *,
         initializer: Callable[[], None] | None = None,
         on_restart: Callable[[], None] | None = None,
+        task_timeout_s: float = 0.0,
+        on_timeout: Callable[[], None] | None = None,
     ) -> None:
+        """``task_timeout_s``: a task running longer gets its worker killed (0 = never)."""
         self.size = workers
         self._context = context
         self._initializer = initializer
@@ -111,11 +125,40 @@ class WorkerPool:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self.restarts = 0
+        self.timeouts = 0
+        self.task_timeout_s = task_timeout_s
+        self._on_timeout = on_timeout
+        self._watchdog: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         for _ in range(self.size):
             self._workers.append(self._spawn())
+        if self.task_timeout_s > 0:
+            self._watch()
+
+    def _watch(self) -> None:
+        """Every quarter of the timeout (at most every second): kill the workers whose task overran."""
+        assert self._loop is not None
+        now = time.monotonic()
+        for worker in self._workers:
+            ran = now - worker.running_since
+            if worker.alive and worker.tasks and not worker.killed_after_s and ran > self.task_timeout_s:
+                worker.killed_after_s = ran
+                self.timeouts += 1
+                log.error(
+                    "CPU task ran too long; killing its worker",
+                    pid=worker.process.pid,
+                    task=getattr(worker.tasks[0].fn, "__name__", "?"),
+                    ran_s=round(ran, 3),
+                    timeout_s=self.task_timeout_s,
+                )
+                if self._on_timeout is not None:
+                    self._on_timeout()
+                # The task fails when the pipe reports end of file, i.e. once the process is gone.
+                worker.process.kill()
+        interval = min(1.0, self.task_timeout_s / 4)
+        self._watchdog = self._loop.call_later(interval, self._watch)
 
     def _spawn(self) -> _Worker:
         ours, theirs = self._context.Pipe(duplex=True)
@@ -162,6 +205,8 @@ class WorkerPool:
                 if worker.tasks and len(task.pickled) > QUEUED_TASK_MAX_BYTES:
                     break
                 self._queue.popleft()
+                if not worker.tasks:
+                    worker.running_since = time.monotonic()
                 worker.tasks.append(task)
                 data, task.pickled = task.pickled, None
                 try:
@@ -178,6 +223,9 @@ class WorkerPool:
             return
         if worker.tasks and worker.tasks[0].number == number:
             worker.tasks.popleft().settle(ok, value)
+            worker.running_since = time.monotonic()  # the next one, already in its pipe, starts now
+            # Answered just as it was killed: what follows dies with the process, through no fault of its own.
+            worker.killed_after_s = 0.0
         self._feed()
 
     def _died(self, worker: _Worker) -> None:
@@ -189,9 +237,21 @@ class WorkerPool:
         worker.conn.close()
         worker.process.join(0)
         pid, code = worker.process.pid, worker.process.exitcode
-        while worker.tasks:
-            worker.tasks.popleft().settle(False, WorkerDied(f"CPU worker {pid} exited ({code})"))
+        if worker.tasks:
+            running = worker.tasks.popleft()
+            if worker.killed_after_s:
+                error: WorkerDied = TaskTimedOut(
+                    f"CPU task ran {worker.killed_after_s:.1f} s (task_timeout_s {self.task_timeout_s:g}); "
+                    f"worker {pid} killed"
+                )
+            else:
+                error = WorkerDied(f"CPU worker {pid} exited ({code})")
+            running.settle(False, error)
+        # The rest were waiting in its pipe and never started: they go first to the next worker.
+        self._queue.extendleft(reversed(worker.tasks))
+        worker.tasks.clear()
         self._workers.remove(worker)
+        self._feed()
         if self._closed:
             return
         self.restarts += 1
@@ -219,6 +279,9 @@ class WorkerPool:
         if self._closed:
             return
         self._closed = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         for worker in self._workers:
             if self._loop is not None and worker.alive:
                 self._loop.remove_reader(worker.fd)

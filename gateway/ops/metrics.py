@@ -183,6 +183,11 @@ class GatewayMetrics:
         self.cpu_worker_restarts = Counter(
             f"{NS}_cpu_worker_restarts", "CPU stage pools replaced after a worker died", registry=r
         )
+        self.cpu_task_timeouts = Counter(
+            f"{NS}_cpu_task_timeouts",
+            "CPU stage tasks that ran past [cpu] task_timeout_s (their worker was killed and replaced)",
+            registry=r,
+        )
         self.cpu_arena_fallbacks = Counter(
             f"{NS}_cpu_arena_fallbacks",
             "Prepared batches returned through the pipe instead of shared memory, by reason",

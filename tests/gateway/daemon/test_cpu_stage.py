@@ -14,6 +14,7 @@ import pytest
 from PIL import Image
 
 from edgewire import pb
+from gateway.backends.base import BackendError
 from gateway.dispatch import cpu as cpu_module
 from gateway.dispatch.arena import ALIGN, FeatureArena, place
 from gateway.dispatch.cpu import CpuStage
@@ -54,6 +55,40 @@ async def test_dead_worker_is_replaced_and_its_batch_answered(models_dir: Path) 
     assert all(r.status == pb.STATUS_OK for r in second)
     assert restarts is not None
     assert restarts >= 1
+
+
+def hang() -> None:
+    """A CPU task that never finishes on its own (a decoder spinning on a pathological input)."""
+    import time
+
+    time.sleep(600)
+
+
+async def test_a_hung_task_fails_its_batch_for_good_and_gives_its_slot_back() -> None:
+    """A task past [cpu] task_timeout_s becomes a non-retryable INTERNAL error (the same batch would hang
+    the next worker too), counted in hkgw_cpu_task_timeouts_total; its arena slot is free again and the
+    replaced worker serves the next batch."""
+    metrics = GatewayMetrics(())
+    stage = _stage(metrics, arena_slots=2, task_timeout_s=0.3)
+    stage.start()
+    try:
+        assert stage.arena is not None
+        slot = stage.arena.borrow()
+        assert slot is not None
+        with pytest.raises(BackendError) as raised:
+            await asyncio.wait_for(stage._in_worker(hang, lent=slot), timeout=10)
+        assert raised.value.status == "INTERNAL"
+        assert not raised.value.retryable
+        assert "task_timeout_s" in str(raised.value)
+        assert stage.arena.free == 2
+        assert metrics.registry.get_sample_value("hkgw_cpu_task_timeouts_total") == 1
+        prepared = await stage.prepare(
+            "ranking", demo_spec("rank-mlp"), _payloads(4, pb.REQUEST_KIND_RANKING, seed=75)
+        )
+        assert prepared.kept == [0, 1, 2, 3]
+        stage.release(prepared)
+    finally:
+        stage.close()
 
 
 def _stage(metrics: GatewayMetrics | None = None, **kwargs: Any) -> CpuStage:

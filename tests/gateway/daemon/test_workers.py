@@ -1,15 +1,16 @@
-"""The CPU stage's worker processes: tasks in order, errors handed back, a dead worker replaced."""
+"""The CPU stage's worker processes: tasks in order, errors handed back, a dead or hung worker replaced."""
 
 from __future__ import annotations
 
 import asyncio
 import multiprocessing
 import os
+import time
 from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.dispatch.workers import WorkerDied, WorkerPool
+from gateway.dispatch.workers import TaskTimedOut, WorkerDied, WorkerPool
 
 
 def double(x: int) -> int:
@@ -26,6 +27,11 @@ def die() -> None:
 
 def echo(data: bytes) -> int:
     return len(data)
+
+
+def sleep_then(seconds: float, value: int) -> int:
+    time.sleep(seconds)
+    return value
 
 
 @pytest.fixture
@@ -61,22 +67,58 @@ async def test_unpicklable_arguments_fail_only_that_task(pool: WorkerPool) -> No
     assert await pool.submit(double, 2) == 4
 
 
-async def test_a_dead_worker_fails_its_tasks_is_replaced_and_queued_tasks_run(pool: WorkerPool) -> None:
-    """The task that killed its worker (and the one waiting behind it) fail with WorkerDied; a new worker
-    starts and runs what was queued."""
+async def test_a_dead_worker_fails_its_task_is_replaced_and_queued_tasks_run(pool: WorkerPool) -> None:
+    """The task that killed its worker fails with WorkerDied; the one waiting behind it in the dead worker's
+    pipe never started, so it runs on the new worker with everything else that was queued."""
     (victim,) = pool.pids()
     dying = pool.submit(die)
     after = [pool.submit(double, i) for i in range(5)]
     with pytest.raises(WorkerDied):
         await dying
-    outcomes = await asyncio.gather(*after, return_exceptions=True)
-    served = [o for o in outcomes if not isinstance(o, BaseException)]
-    failed = [o for o in outcomes if isinstance(o, BaseException)]
-    assert all(isinstance(o, WorkerDied) for o in failed)
-    assert len(failed) <= 1  # at most the one task already waiting in the dead worker's pipe
-    assert served == [2 * i for i in range(5)][len(failed) :]
+    assert await asyncio.gather(*after) == [2 * i for i in range(5)]
     assert pool.restarts == 1
     assert pool.pids() != [victim]
+
+
+async def test_a_task_past_the_timeout_gets_its_worker_killed_and_the_rest_run() -> None:
+    """A task running past task_timeout_s fails with TaskTimedOut once its worker is gone; the worker is
+    replaced, the task queued behind it is served by the new one, and the timeout is counted."""
+    timeouts: list[int] = []
+    workers = WorkerPool(
+        1,
+        multiprocessing.get_context("forkserver"),
+        task_timeout_s=0.4,
+        on_timeout=lambda: timeouts.append(1),
+    )
+    workers.start()
+    try:
+        (victim,) = workers.pids()
+        started = time.monotonic()
+        hung = workers.submit(sleep_then, 60.0, 1)
+        behind = [workers.submit(double, i) for i in range(3)]
+        with pytest.raises(TaskTimedOut, match=r"task_timeout_s 0\.4"):
+            await asyncio.wait_for(hung, timeout=10)
+        assert 0.4 <= time.monotonic() - started < 5.0
+        assert await asyncio.gather(*behind) == [0, 2, 4]
+        assert workers.timeouts == 1
+        assert timeouts == [1]
+        assert workers.restarts == 1
+        assert workers.pids() != [victim]
+    finally:
+        workers.close()
+
+
+async def test_a_task_within_the_timeout_is_left_alone() -> None:
+    """Tasks that each finish inside the timeout are never killed, however many run back to back."""
+    workers = WorkerPool(1, multiprocessing.get_context("forkserver"), task_timeout_s=1.0)
+    workers.start()
+    try:
+        (pid,) = workers.pids()
+        assert await asyncio.gather(*(workers.submit(sleep_then, 0.2, i) for i in range(8))) == list(range(8))
+        assert workers.timeouts == 0
+        assert workers.pids() == [pid]
+    finally:
+        workers.close()
 
 
 async def test_large_tasks_go_through(pool: WorkerPool) -> None:
