@@ -12,7 +12,6 @@ batch. The queue is bounded: :meth:`PoolDispatcher.submit` refuses instead of gr
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import time
 from collections import deque
@@ -107,9 +106,13 @@ class PoolDispatcher:
         self._queues: dict[tuple[str, str, int], _ModelQueue] = {}
         self._depth = 0
         self._inflight: set[asyncio.Task[None]] = set()
-        self._slots = asyncio.Semaphore(concurrency)
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        # The batcher is a callback, not a task: a submit schedules one pass for the end of the current
+        # loop tick (so a whole frame is queued before batches are cut), a finished batch another, and a
+        # batch waiting for company a timer.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._running = False
+        self._pass_scheduled = False
+        self._timer: asyncio.TimerHandle | None = None
         self._ewma_item_s = 0.0
         self._max_batch = dispatch.max_batch_size if dispatch.batching else 1
         self._preferred = sorted(p for p in dispatch.preferred_batch_sizes if p <= self._max_batch)
@@ -161,7 +164,7 @@ class PoolDispatcher:
             queue = self._queues[key] = _ModelQueue()
         queue.lanes[PRIORITY_ORDER[item.priority]].append(item)
         self._depth += 1
-        self._wake.set()
+        self._schedule_pass()
         return True
 
     def _size_group(self, item: WorkItem) -> int:
@@ -192,15 +195,17 @@ class PoolDispatcher:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name=f"pool-{self.name}")
+        if not self._running:
+            self._loop = asyncio.get_running_loop()
+            self._running = True
+            self._schedule_pass()
 
     async def stop(self, timeout_s: float) -> None:
         """Stop batching; wait up to ``timeout_s`` for in-flight calls, then cancel them."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        self._running = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._inflight:
             _, pending = await asyncio.wait(set(self._inflight), timeout=timeout_s)
             for task in pending:
@@ -247,38 +252,43 @@ class PoolDispatcher:
         """How long the queue's oldest request may wait for company: less when a realtime one is queued."""
         return self._realtime_delay_s if queue.lanes[0] else self._delay_s
 
-    async def _run(self) -> None:
-        while True:
+    def _schedule_pass(self) -> None:
+        if self._running and not self._pass_scheduled and self._loop is not None:
+            self._pass_scheduled = True
+            self._loop.call_soon(self._batch_pass)
+
+    def _batch_pass(self) -> None:
+        """Cut and start every batch that is ready while a concurrency slot is free; when the first queue
+        in line must wait for company, wake up when its delay is over (or at the next submit)."""
+        self._pass_scheduled = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        while self._running and len(self._inflight) < self.concurrency:
             picked = self._pick()
             if picked is None:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
+                return
             key, queue = picked
             now = time.monotonic()
             size = self._ready_size(key, queue, now)
             if size == 0:
-                self._wake.clear()
                 wait = self._delay_for(queue) - (now - queue.oldest_enqueued())
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=max(wait, 0.0))
-                continue
-            await self._slots.acquire()
+                assert self._loop is not None
+                self._timer = self._loop.call_later(max(wait, 0.0), self._schedule_pass)
+                return
             items = queue.take(size)
             self._depth -= len(items)
             if not queue:
                 self._queues.pop(key, None)
             live = self._expire(items, time.monotonic())
-            if not live:
-                self._slots.release()
-                continue
-            task = asyncio.create_task(self._serve(live), name=f"batch-{self.name}")
-            self._inflight.add(task)
-            task.add_done_callback(self._finished)
+            if live:
+                task = asyncio.create_task(self._serve(live), name=f"batch-{self.name}")
+                self._inflight.add(task)
+                task.add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._inflight.discard(task)
-        self._slots.release()
+        self._schedule_pass()
         if not task.cancelled() and task.exception() is not None:
             log.error("batch task failed", pool=self.name, error=repr(task.exception()))
 

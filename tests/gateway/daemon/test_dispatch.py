@@ -108,18 +108,20 @@ async def test_resend_after_answer_gets_the_cached_answer(models_dir: Path) -> N
 
 
 async def test_flood_is_shed_with_overloaded_and_bounded_queues(models_dir: Path) -> None:
-    """A flood beyond the pools' queues is nacked OVERLOADED with a retry-after; queues stay bounded."""
+    """A flood beyond the pools' queues is nacked OVERLOADED with a retry-after; queues stay bounded and
+    no pool has more batches at the backend than its concurrency."""
     async with run_gateway(
         models_dir=models_dir, **split_backends(models_dir, queue_depth=16, concurrency=1)
     ) as gw:
         for name in ("embedded", "gpu"):
             backend(gw, name).delay_s = 0.02
-        max_depth = 0
+        max_depth = max_inflight = 0
 
         async def watch() -> None:
-            nonlocal max_depth
+            nonlocal max_depth, max_inflight
             while True:
                 max_depth = max(max_depth, *(p.depth for p in gw.pools.values()))
+                max_inflight = max(max_inflight, *(p.inflight for p in gw.pools.values()))
                 await asyncio.sleep(0.001)
 
         watcher = asyncio.create_task(watch())
@@ -135,6 +137,7 @@ async def test_flood_is_shed_with_overloaded_and_bounded_queues(models_dir: Path
     assert nacks
     assert all(n.reason == pb.NACK_REASON_OVERLOADED and n.retry_after_ms > 0 for n in nacks)
     assert max_depth <= 16
+    assert max_inflight == 1  # concurrency = 1: batches wait for the one at the backend
     assert all(agent.responses[rid].status == pb.STATUS_OK for rid in accepted)
 
 
