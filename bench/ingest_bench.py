@@ -1,6 +1,6 @@
 """Issue 9's whole-path figures in one run: ingest vs transport baselines, open-loop latency, 10k in flight.
 
-    python -m bench.ingest_bench [--seconds 5] [--write]
+    python -m bench.ingest_bench [--seconds 5] [--repeats 3] [--write]
 
 1. **Ingest**: records/s from a DEALER "agent" through the gateway (null backend: CPU stage, routing,
    batching and replies as in production, the model free) and back as responses, frames of 100 realistic
@@ -66,6 +66,7 @@ LATENCY_HEADER = [
     "p50 overhead",
     "p99 overhead",
     "lost",
+    "gw p99 ms per run",
 ]
 PLOTS = BENCHMARKS_MD.parent / "bench"
 
@@ -104,6 +105,32 @@ def open_loop(peer: Peer, requests: list[pb.InferRequest], rate: float, seconds:
         "p99_ms": float(np.percentile(lat, 99)) if len(lat) else float("nan"),
         "latencies_ms": lat.tolist(),
         "by_tier_ms": {t: (np.array(v) * 1e3).tolist() for t, v in tracker.by_tier.items()},
+    }
+
+
+def open_loop_repeated(
+    peer: Peer, requests: list[pb.InferRequest], rate: float, seconds: float, repeats: int
+) -> dict[str, Any]:
+    """``repeats`` open-loop runs at ``rate``, their latencies pooled: one run's p99 at a rate near the
+    gateway's limit swings by several times between runs on a shared two-core machine."""
+    runs = [open_loop(peer, requests, rate, seconds) for _ in range(repeats)]
+    latencies = [v for r in runs for v in r["latencies_ms"]]
+    lat = np.array(latencies)
+    by_tier: dict[str, list[float]] = defaultdict(list)
+    for r in runs:
+        for tier, values in r["by_tier_ms"].items():
+            by_tier[tier].extend(values)
+    return {
+        "peer": peer.name,
+        "rate": rate,
+        "answered": sum(r["answered"] for r in runs),
+        "answered_per_s": float(np.mean([r["answered_per_s"] for r in runs])),
+        "lost": sum(r["lost"] for r in runs),
+        "p50_ms": float(np.percentile(lat, 50)) if len(lat) else float("nan"),
+        "p99_ms": float(np.percentile(lat, 99)) if len(lat) else float("nan"),
+        "p99_ms_runs": [r["p99_ms"] for r in runs],
+        "latencies_ms": latencies,
+        "by_tier_ms": dict(by_tier),
     }
 
 
@@ -380,14 +407,16 @@ def plots(latency: list[dict[str, Any]]) -> list[Path]:
     return written
 
 
-def render(result: dict[str, Any], seconds: float) -> str:
+def render(result: dict[str, Any], seconds: float, repeats: int) -> str:
     ingest = result["ingest"]
     gw = ingest["gateway"]
     via_agent = result["agent_stress"]["ok"] / result["agent_stress"]["seconds"]
     rows = [
         [
             f"hk-gateway, frames of 100 (answered; gateway used {ingest['gateway_cores']:.2f} cores)",
-            f"{gw:,.0f}",
+            f"{gw:,.0f} (median of {len(ingest['gateway_runs'])}: "
+            + " / ".join(f"{r:,.0f}" for r in ingest["gateway_runs"])
+            + ")",
             "-",
         ],
         [
@@ -425,6 +454,7 @@ def render(result: dict[str, Any], seconds: float) -> str:
                 f"{over50:,.0f} us",
                 f"{over99:.2f} ms",
                 str(r["lost"]),
+                " / ".join(f"{v:.2f}" for v in r["p99_ms_runs"]),
             ]
         )
     s = result["stress"]
@@ -469,16 +499,18 @@ def render(result: dict[str, Any], seconds: float) -> str:
     )
     return f"""## Whole path: ingest, latency, 10k in flight (issue 9)
 
-`python -m bench.ingest_bench --seconds {seconds:g} --write` ({stamp()}; {machine()}). Driver, gateway and
-baseline servers share the machine's two cores. The gateway runs the null backend (CPU stage, routing,
-batching and replies as in production; the model costs nothing).
+`python -m bench.ingest_bench --seconds {seconds:g} --repeats {repeats} --write` ({stamp()}; {machine()}).
+Driver, gateway and baseline servers share the machine's two cores. The gateway's ingest rate is the
+median of {repeats} runs of {seconds:g} s (each shown); latency percentiles pool {repeats} runs per rate.
+The gateway runs the null backend (CPU stage, routing, batching and replies as in production; the model
+costs nothing).
 
 Ingest, records/s (same serialized requests everywhere; the gateway figure counts responses received):
 
 {table(["path", "records/s", "gateway vs it"], rows)}
 
 Open-loop realtime latency, one request per frame (gateway / raw DEALER-ROUTER echo at the same rate;
-overhead = the difference at that percentile):
+overhead = the difference at that percentile; each run's own gateway p99 in the last column):
 
 {table(LATENCY_HEADER, lat_rows)}
 
@@ -547,6 +579,9 @@ the whole ingest path, not tuning; this command is the gauge for them."""
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="gateway ingest and latency runs (median, pooled)"
+    )
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -557,37 +592,48 @@ def main(argv: list[str] | None = None) -> int:
     result["ingest"]["pyzmq"] = baselines.pyzmq_push_pull(payloads, args.seconds)
     result["ingest"]["grpc"] = baselines.grpc_stream(payloads, args.seconds)
     result["ingest"]["http"] = baselines.http_json(documents, args.seconds)
-    # Enough frames for the run at well above today's rate; encoded before it starts (bounded: 150k).
-    frames = prebuild(requests, min(1500, int(30_000 * args.seconds / 100)))
+    repeats = args.repeats
     with tempfile.TemporaryDirectory() as tmp:
         gateway = start_gateway(Path(tmp), "null")
         try:
             time.sleep(1.0)
             result["stress"] = stress(gateway, requests)  # first: a fresh gateway's memory
-            ingest(gateway, frames[:20], 1.0)  # warm: workers, arena, routing calibration
-            run = ingest(gateway, frames[20:], args.seconds)
-            result["ingest"]["gateway"] = run["records_per_s"]
-            result["ingest"]["gateway_cores"] = run["cores"]
+            ingest(gateway, prebuild(requests, 20), 1.0)  # warm: workers, arena, routing calibration
+            runs = []
+            for _ in range(repeats):
+                # Enough frames for a run at well above today's rate, encoded (fresh ids) before it
+                # starts; bounded: 150k records, ~115 MB, built per run so only one run's are held.
+                frames = prebuild(requests, min(1500, int(30_000 * args.seconds / 100)))
+                runs.append(ingest(gateway, frames, args.seconds))
+                del frames
+            rates = sorted(r["records_per_s"] for r in runs)
+            result["ingest"]["gateway"] = float(np.median(rates))
+            result["ingest"]["gateway_runs"] = rates
+            result["ingest"]["gateway_cores"] = float(np.median([r["cores"] for r in runs]))
             result["ingest"]["gateway_driver_encoding"] = throughput(
                 gateway, requests, args.seconds, True
             ).records_per_s
-            result["latency"] = [open_loop(gateway, requests, rate, args.seconds) for rate in RATES]
+            result["latency"] = [
+                open_loop_repeated(gateway, requests, rate, args.seconds, repeats) for rate in RATES
+            ]
             result["agent_stress"] = agent_stress(gateway, requests, Path(tmp))
         finally:
             gateway.close()
         echo = Peer("echo (raw DEALER/ROUTER)", [sys.executable, "-m", "bench.echo"], ready="stdout")
         try:
-            result["latency"] += [open_loop(echo, requests, rate, args.seconds) for rate in RATES]
+            result["latency"] += [
+                open_loop_repeated(echo, requests, rate, args.seconds, repeats) for rate in RATES
+            ]
         finally:
             echo.close()
     summary = {k: v for k, v in result.items() if k != "latency"}
     summary["latency"] = [
         {k: v for k, v in r.items() if k not in ("latencies_ms", "by_tier_ms")} for r in result["latency"]
     ]
-    print(json.dumps(summary, indent=2) if args.json else render(result, args.seconds))
+    print(json.dumps(summary, indent=2) if args.json else render(result, args.seconds, repeats))
     if args.write:
         plots(result["latency"])
-        update_section("ingest", render(result, args.seconds))
+        update_section("ingest", render(result, args.seconds, repeats))
     return 0
 
 
