@@ -181,7 +181,9 @@ class GatewayMetrics:
             registry=r,
         )
         self.cpu_worker_restarts = Counter(
-            f"{NS}_cpu_worker_restarts", "CPU stage pools replaced after a worker died", registry=r
+            f"{NS}_cpu_worker_restarts",
+            "CPU workers replaced after one died (or was killed for a hung task)",
+            registry=r,
         )
         self.cpu_task_timeouts = Counter(
             f"{NS}_cpu_task_timeouts",
