@@ -48,5 +48,6 @@ def create_rayserve_backend(name: str, options: Mapping[str, Any]) -> Backend:
     application = options.get("application", "hk-models")
     if not isinstance(application, str) or not application:
         raise ValueError(f"backend {name!r}: option 'application' must be a non-empty string")
-    rest = {k: v for k, v in options.items() if k != "application"}
-    return KServeBackend(name, KServeOptions.from_mapping(name, rest), RayServeDialect(application))
+    return KServeBackend(
+        name, KServeOptions.from_mapping(name, options, _EXTRA), RayServeDialect(application)
+    )

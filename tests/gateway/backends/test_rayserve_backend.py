@@ -136,3 +136,11 @@ def test_headers_name_the_application() -> None:
 def test_bad_application_option_is_refused() -> None:
     with pytest.raises(ValueError, match="application"):
         create("rayserve", "ray", {"url": "127.0.0.1:9000", "application": ""})
+
+
+def test_an_unknown_option_is_refused_naming_every_known_one() -> None:
+    """A typo is an error listing what the backend takes, its own ``application`` included."""
+    with pytest.raises(ValueError, match="unknown option 'aplication'") as raised:
+        create("rayserve", "ray", {"url": "127.0.0.1:9000", "aplication": "hk-models"})
+    assert "'application'" in str(raised.value)
+    assert "'url'" in str(raised.value)
