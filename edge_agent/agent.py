@@ -33,6 +33,7 @@ from routing.types import Priority, Tier
 log = structlog.get_logger("edge_agent")
 LOCAL_MAX_BATCH = 32
 LOCAL_LINGER_S = 0.002
+MAX_RESPONSES_PER_FRAME = 256  # answers to one local caller per intake frame
 
 
 @dataclass
@@ -68,6 +69,11 @@ class EdgeAgent:
         self._local_codec = FrameCodec()  # intake frames: loopback, uncompressed
         self._local_queue: dict[tuple[str, str], list[tuple[bytes, pb.InferRequest]]] = {}
         self._local_timers: dict[tuple[str, str], asyncio.TimerHandle] = {}
+        # Hong Kong's answers are passed on per caller once per loop tick, as one intake frame each, and
+        # their spool entries released in one call: the gateway sends up to 256 per frame.
+        self._outbox: dict[bytes, list[pb.InferResponse]] = {}
+        self._answered_ids: list[bytes] = []
+        self._flush_scheduled = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -237,6 +243,7 @@ class EdgeAgent:
             await self.http.aclose()
         if self.uplink is not None:
             await self.uplink.aclose()
+        self._flush_responses()  # answers already received still reach their callers
         if self._intake is not None:
             self._intake.close(0)
         if self.local is not None:
@@ -442,9 +449,23 @@ class EdgeAgent:
 
     def _on_response(self, response: pb.InferResponse) -> None:
         caller = self._callers.pop(response.request_id, None)
-        if self.spool is not None:
-            self.spool.ack([response.request_id])
+        self._answered_ids.append(response.request_id)
         if caller is None:
             self.stats.orphan_responses += 1
-            return
-        self._send_responses(caller, [response])
+        else:
+            self._outbox.setdefault(caller, []).append(response)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_responses)
+
+    def _flush_responses(self) -> None:
+        """Release the answered requests' spool entries, then answer each caller in frames of at most
+        ``MAX_RESPONSES_PER_FRAME``."""
+        self._flush_scheduled = False
+        answered, self._answered_ids = self._answered_ids, []
+        if answered and self.spool is not None:
+            self.spool.ack(answered)
+        outbox, self._outbox = self._outbox, {}
+        for caller, responses in outbox.items():
+            for start in range(0, len(responses), MAX_RESPONSES_PER_FRAME):
+                self._send_responses(caller, responses[start : start + MAX_RESPONSES_PER_FRAME])

@@ -127,7 +127,14 @@ def _run(args: argparse.Namespace) -> int:
 
     # Logs go to stderr (JSON off a terminal), so stdout carries only the --synthetic summary.
     configure_logging(LoggingConfig(format="auto", level="warning" if args.synthetic else "info"))
-    return asyncio.run(_serve(config, args))
+    try:
+        import uvloop
+
+        runner: Any = uvloop.run
+    except ImportError:  # uvloop is optional off Linux
+        runner = asyncio.run
+    result: int = runner(_serve(config, args))
+    return result
 
 
 async def _serve(config: Any, args: argparse.Namespace) -> int:
