@@ -23,7 +23,7 @@ from edge_agent.config import AgentConfig, load_config
 from edge_agent.discovery import CarrierEndpoint, Discovered, GatewayDiscovery, parse_nameserver
 from edge_agent.local import LocalTier
 from edge_agent.ops import AgentHttp
-from edge_agent.spool import Spool
+from edge_agent.spool import GroupCommit, Spool
 from edge_agent.uplink import Uplink, send_nowait
 from edgewire import DictionaryStore, FrameCodec, FrameError, is_valid_id, labels, new_id, now_unix_us, pb
 from gateway.profile import profile_of, wire_priority
@@ -34,6 +34,9 @@ log = structlog.get_logger("edge_agent")
 LOCAL_MAX_BATCH = 32
 LOCAL_LINGER_S = 0.002
 MAX_RESPONSES_PER_FRAME = 256  # answers to one local caller per intake frame
+MAX_FRAMES_TAKING = 64
+"""Intake frames being taken at once (spooled, waiting for their fsync); the intake reads no more until
+one is done, so local services feel the disk's pace."""
 
 
 @dataclass
@@ -74,6 +77,7 @@ class EdgeAgent:
         self._outbox: dict[bytes, list[pb.InferResponse]] = {}
         self._answered_ids: list[bytes] = []
         self._flush_scheduled = False
+        self._commit: GroupCommit | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -98,6 +102,8 @@ class EdgeAgent:
                 fsync=cfg.spool.fsync,
                 when_full=cfg.spool.when_full,
             )
+            if cfg.spool.fsync == "batch":
+                self._commit = GroupCommit(self.spool)
             curve = self._curve or self._load_keys()
             self.uplink = Uplink(cfg, codec, self._ctx, self._on_response, self._on_accepted, curve)
             self.uplink.set_endpoints([(c.name, c.endpoint) for c in cfg.carriers])
@@ -244,6 +250,8 @@ class EdgeAgent:
         if self.uplink is not None:
             await self.uplink.aclose()
         self._flush_responses()  # answers already received still reach their callers
+        if self._commit is not None:
+            self._commit.close()
         if self._intake is not None:
             self._intake.close(0)
         if self.local is not None:
@@ -256,21 +264,39 @@ class EdgeAgent:
     # ------------------------------------------------------------------ intake
 
     async def _receive(self) -> None:
+        """Read intake frames; each is taken in a task of its own, so frames that arrive while one waits
+        for its fsync are spooled meanwhile and share the next fsync (at most ``MAX_FRAMES_TAKING``)."""
         assert self._intake is not None
         codec = FrameCodec()
-        while True:
-            frames = await self._intake.recv_multipart()
-            caller, body = frames[0], frames[1:]
-            try:
-                batch = codec.decode(body).payload
-            except FrameError as exc:
-                log.warning("bad frame from a local service", reason=exc.label)
-                continue
-            if isinstance(batch, pb.RequestBatch):
+        slots = asyncio.Semaphore(MAX_FRAMES_TAKING)
+        taking: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                frames = await self._intake.recv_multipart()
+                caller, body = frames[0], frames[1:]
                 try:
-                    await self._take(caller, list(batch.requests))
-                except Exception:  # one bad batch must not stop the intake for every local service
-                    log.exception("taking a batch from a local service failed")
+                    batch = codec.decode(body).payload
+                except FrameError as exc:
+                    log.warning("bad frame from a local service", reason=exc.label)
+                    continue
+                if isinstance(batch, pb.RequestBatch):
+                    await slots.acquire()
+                    task = asyncio.create_task(self._take_guarded(caller, list(batch.requests)))
+                    taking.add(task)
+                    task.add_done_callback(taking.discard)
+                    task.add_done_callback(lambda _: slots.release())
+        finally:  # stopping: frames still being taken stop too
+            for task in taking:
+                task.cancel()
+            await asyncio.gather(*taking, return_exceptions=True)
+
+    async def _take_guarded(self, caller: bytes, requests: list[pb.InferRequest]) -> None:
+        try:
+            await self._take(caller, requests)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # one bad batch must not stop the intake for every local service
+            log.exception("taking a batch from a local service failed")
 
     async def _take(self, caller: bytes, requests: list[pb.InferRequest]) -> None:  # noqa: PLR0912, PLR0915  (one decision table)
         assert self.uplink is not None
@@ -343,9 +369,24 @@ class EdgeAgent:
             self._callers[request.request_id] = caller
             ack.accepted_ids.append(request.request_id)
             remote.append(request)
+        if remote and self._commit is not None:
+            try:
+                await self._commit.commit()
+            except OSError as exc:
+                # Not durable: take them back (tombstoned, so a restart does not resend them) and let
+                # the callers retry, rather than acknowledge what a power loss could lose.
+                log.error("spool fsync failed", error=str(exc))
+                ids = [r.request_id for r in remote]
+                self.spool.ack(ids)
+                refused = set(ids)
+                for request in remote:
+                    self._callers.pop(request.request_id, None)
+                    self._refuse(ack, request, "spool fsync failed")
+                kept = [rid for rid in ack.accepted_ids if rid not in refused]
+                del ack.accepted_ids[:]
+                ack.accepted_ids.extend(kept)
+                remote = []
         if remote:
-            if cfg.spool.fsync == "batch":
-                self.spool.sync()
             self.uplink.submit(remote)
             self.stats.remote += len(remote)
         await self._reply(caller, ack)

@@ -44,13 +44,17 @@ cap by a few bytes per record; the next append applies ``when_full``. Under ``dr
 whole segment at a time (the oldest one), each of its live records counted as ``dropped_oldest``.
 
 Durability: ``fsync="always"`` fsyncs every append and ack before returning; ``"batch"`` leaves it to
-``sync()``, which the agent calls once per batch before acknowledging its callers (segments are fsynced as
-they are rolled); ``"never"`` relies on the OS. A kill -9 loses nothing that ``append`` returned under any
-policy (the page cache survives the process); power loss may lose unsynced records.
+``sync()``, or to :class:`GroupCommit`, which the agent awaits once per intake frame before acknowledging
+its callers: the fsync runs on a thread, and the frames that arrive meanwhile share the next one
+(segments are fsynced as they are rolled); ``"never"`` relies on the OS. A kill -9 loses nothing that
+``append`` returned under any policy (the page cache survives the process); power loss may lose unsynced
+records.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import enum
 import fcntl
 import heapq
@@ -61,6 +65,7 @@ import time
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal, get_args
@@ -383,6 +388,28 @@ class Spool:
         if self._dir_dirty:
             self._fsync_directory()
 
+    def begin_sync(self) -> Callable[[], None]:
+        """:meth:`sync` split in two so the disk wait can leave the event loop: call this on the spool's
+        thread; run what it returns on any thread. That makes everything appended or acked before this
+        call durable, even if the segment is rolled or the spool closed meanwhile (it syncs its own
+        duplicate of the segment's descriptor). The directory, dirty only when a segment was created or
+        deleted, is synced here."""
+        self._check_open()
+        if self._dir_dirty:
+            self._fsync_directory()
+        active = self._segments.get(self._active_seq)
+        if active is None or active.fd is None:
+            return _nothing
+        fd = os.dup(active.fd)
+
+        def run() -> None:
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+        return run
+
     def close(self) -> None:
         """Flush per the fsync policy and release the directory; safe to call twice."""
         if self._closed:
@@ -573,3 +600,59 @@ class Spool:
         finally:
             os.close(fd)
         self._dir_dirty = False
+
+
+def _nothing() -> None:
+    """A sync with nothing to do."""
+
+
+class GroupCommit:
+    """``await commit()`` returns once everything appended to the spool before the call is on disk.
+
+    The fsync runs on a thread of its own, so the event loop keeps serving (pings, acks, answers) while
+    the disk works; commits that arrive during one fsync share the next. On a disk that takes a
+    millisecond per fsync, frames coming in faster than that cost one fsync per millisecond, not one
+    each.
+    """
+
+    def __init__(self, spool: Spool) -> None:
+        self._spool = spool
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spool-fsync")
+        self._requested = 0  # commits asked for so far
+        self._durable = 0  # every commit up to this number is on disk
+        self._running: asyncio.Future[None] | None = None
+        self._covers = 0  # the commits the running fsync covers
+        self.fsyncs = 0
+
+    async def commit(self) -> None:
+        """Raises OSError when the fsync that would cover this call failed."""
+        self._requested += 1
+        mine = self._requested
+        while self._durable < mine:
+            running = self._running
+            if running is not None and running.done():
+                # Finished, its callbacks not run yet (they run a loop step later): settle it here,
+                # or this loop would await the finished future forever without yielding.
+                self._settle(running)
+                continue
+            if running is not None:
+                # Started before this call's appends, maybe: wait for it, then look again.
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(running)
+                continue
+            work = self._spool.begin_sync()
+            running = self._running = asyncio.get_running_loop().run_in_executor(self._thread, work)
+            self._covers = self._requested
+            running.add_done_callback(self._settle)
+            self.fsyncs += 1
+            await asyncio.shield(running)  # this call's appends are covered: it raises if the fsync failed
+
+    def _settle(self, done: asyncio.Future[None]) -> None:
+        if self._running is not done:
+            return  # settled already
+        self._running = None
+        if not done.cancelled() and done.exception() is None:
+            self._durable = max(self._durable, self._covers)
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=False)

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 import shutil
+import stat
 import subprocess
 import time
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from edge_agent.agent import EdgeAgent
 from edge_agent.client import EdgeClient
@@ -308,3 +312,42 @@ async def test_reused_request_id_is_refused_not_dropped(models_dir: Path, tmp_pa
             await first
     assert second.status == pb.STATUS_INVALID_ARGUMENT
     assert "already used" in second.error_message
+
+
+async def test_a_failed_spool_fsync_refuses_the_frame_retryably(
+    models_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the disk cannot make a frame durable, its spooled requests are refused OVERLOADED with a
+    retry-after (not acknowledged, not sent) and taken out of the spool; the next frame goes through."""
+    real = os.fsync
+    failures = [1]
+
+    def fsync(fd: int) -> None:
+        if stat.S_ISREG(os.fstat(fd).st_mode) and failures[0] > 0:
+            failures[0] -= 1
+            raise OSError(errno.EIO, "injected: I/O error")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    async with run_gateway(models_dir=models_dir) as gw:
+        endpoints = {name: gw.endpoint(name) for name in gw.carriers}
+        config = agent_config(endpoints, models_dir, tmp_path / "spool", local={"enabled": False})
+        async with EdgeAgent(config) as agent:
+            await wait_for(lambda: agent.uplink is not None and agent.uplink.best() is not None)
+            requests = [r.request for r in SyntheticTraffic(8, regions=("us-west",)).take(20)]
+            for r in requests:
+                r.request_id = b""
+            async with EdgeClient(agent.intake_endpoint) as client:
+                refused = await client.infer_many(
+                    requests[:10], deadline_s=5, priority=pb.PRIORITY_CLASS_BATCH
+                )
+                served = await client.infer_many(
+                    requests[10:], deadline_s=5, priority=pb.PRIORITY_CLASS_BATCH
+                )
+            assert agent.spool is not None
+            assert agent.spool.live_records == 0
+            at_gateway = agent.stats.remote
+    assert {r.status for r in refused} == {pb.STATUS_OVERLOADED}
+    assert all(r.retry_after_ms > 0 and "fsync" in r.error_message for r in refused)
+    assert {r.status for r in served} == {pb.STATUS_OK}
+    assert at_gateway == 10  # the refused frame never left the agent

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import os
 import random
 import select
@@ -23,12 +25,14 @@ from edge_agent.spool import (
     HEADER_BYTES,
     KEY_BYTES,
     AppendResult,
+    GroupCommit,
     RecordKind,
     Spool,
     SpoolBusyError,
     encode_record,
     scan_segment,
 )
+from gateway.testing import wait_for
 from tests.edge_agent.spool_writer import payload_for, plan, request_id
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -523,3 +527,108 @@ def test_pending_matches_model_through_appends_acks_and_reopens(ops: list[Op]) -
             assert sum(spool.drops.values()) == 0
         finally:
             spool.close()
+
+
+# ---------------------------------------------------------------------- group commit (fsync off the loop)
+
+
+def _file_fsyncs(
+    monkeypatch: pytest.MonkeyPatch, delay_s: float = 0.0, fail: int = 0
+) -> list[tuple[str, float]]:
+    """Wrap os.fsync for regular files: log ("start"/"end", time) per call, optionally slow, and make
+    the first ``fail`` calls raise EIO (directories are synced as before)."""
+    real = os.fsync
+    log: list[tuple[str, float]] = []
+    failures = [fail]
+
+    def fsync(fd: int) -> None:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            real(fd)
+            return
+        log.append(("start", time.monotonic()))
+        time.sleep(delay_s)
+        if failures[0] > 0:
+            failures[0] -= 1
+            raise OSError(errno.EIO, "injected: I/O error")
+        real(fd)
+        log.append(("end", time.monotonic()))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return log
+
+
+async def test_concurrent_commits_share_fsyncs_and_all_are_durable(spool_dir: Path) -> None:
+    """Forty frames appended and committed at once: every commit returns, far fewer fsyncs than commits,
+    and everything is there after reopening."""
+    spool = Spool(spool_dir, fsync="batch")
+    commit = GroupCommit(spool)
+
+    async def frame(n: int) -> None:
+        assert spool.append(rid(n), body(n)) is AppendResult.STORED
+        await commit.commit()
+
+    try:
+        await asyncio.wait_for(asyncio.gather(*(frame(n) for n in range(40))), timeout=10)
+        assert 1 <= commit.fsyncs < 40
+    finally:
+        commit.close()
+        spool.close()
+    with Spool(spool_dir) as reopened:
+        assert ids(reopened) == list(range(40))
+
+
+async def test_a_commit_waits_for_an_fsync_that_started_after_its_append(
+    spool_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A frame appended while an fsync is already running is not covered by it: its commit returns only
+    after the next fsync has ended."""
+    log = _file_fsyncs(monkeypatch, delay_s=0.05)
+    spool = Spool(spool_dir, fsync="batch")
+    commit = GroupCommit(spool)
+    try:
+        spool.append(rid(1), body(1))
+        first = asyncio.create_task(commit.commit())
+        await wait_for(lambda: bool(log), timeout_s=5, what="the first fsync started on its thread")
+        spool.append(rid(2), body(2))
+        await commit.commit()
+        returned = time.monotonic()
+        await first
+        assert commit.fsyncs == 2
+        ends = [t for what, t in log if what == "end"]
+        assert len(ends) == 2
+        assert returned >= ends[1]
+    finally:
+        commit.close()
+        spool.close()
+
+
+def test_begin_sync_still_works_after_the_segment_rolled_and_closed(spool_dir: Path) -> None:
+    """The fsync prepared on one thread may run after the spool rolled to a new segment (closing the old
+    one's descriptor): it syncs its own duplicate, not a closed or reused descriptor."""
+    with Spool(spool_dir, segment_bytes=TWO_PER_SEGMENT, fsync="batch") as spool:
+        spool.append(rid(1), body(1))
+        run = spool.begin_sync()
+        for n in range(2, 6):
+            spool.append(rid(n), body(n))  # rolls, closing the first segment
+        assert len(wal_files(spool_dir)) > 1
+        run()
+        assert ids(spool) == [1, 2, 3, 4, 5]
+
+
+async def test_a_failed_fsync_fails_its_commit_and_the_next_one_retries(
+    spool_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An fsync error reaches the commit it would have covered; the next commit runs a new fsync."""
+    _file_fsyncs(monkeypatch, fail=1)
+    spool = Spool(spool_dir, fsync="batch")
+    commit = GroupCommit(spool)
+    try:
+        spool.append(rid(1), body(1))
+        with pytest.raises(OSError, match="injected"):
+            await commit.commit()
+        spool.append(rid(2), body(2))
+        await commit.commit()
+        assert commit.fsyncs == 2
+    finally:
+        commit.close()
+        spool.close()
