@@ -488,15 +488,19 @@ def render(result: dict[str, Any], seconds: float, repeats: int) -> str:
             "met" if lost == 0 else "not met",
         ]
     )
-    rss = max(s["gateway_peak_rss_mb"], a["gateway_peak_rss_mb"])
-    pss = max(s["gateway_peak_pss_mb"], a["gateway_peak_pss_mb"])
-    goals.append(
-        [
-            "gateway RSS <= 500 MB (judged on the summed peaks, the stricter)",
-            f"{rss:.0f} MiB summed VmHWM, {pss:.0f} MiB PSS",
-            "met" if rss <= 500 * 1e6 / 2**20 else "not met",
-        ]
-    )
+    limit_mib = 500 * 1e6 / 2**20  # 500 MB
+    for label, run in (
+        ("gateway RSS <= 500 MB in the 10k run (fresh gateway; summed peaks, the stricter)", s),
+        ("the same after every other run filled its caches (through the agent, last)", a),
+    ):
+        rss, pss = run["gateway_peak_rss_mb"], run["gateway_peak_pss_mb"]
+        goals.append(
+            [
+                label,
+                f"{rss:.0f} MiB summed VmHWM, {pss:.0f} MiB PSS",
+                "met" if rss <= limit_mib else "not met" + (" (PSS under)" if pss <= limit_mib else ""),
+            ]
+        )
     return f"""## Whole path: ingest, latency, 10k in flight (issue 9)
 
 `python -m bench.ingest_bench --seconds {seconds:g} --repeats {repeats} --write` ({stamp()}; {machine()}).
@@ -540,7 +544,11 @@ Plots: [latency CDF per tier](bench/latency_cdf.png), [answered vs offered](benc
 """
 
 
-ANALYSIS = """What changed since the first measurement (same command, 2026-11-30 05:26 UTC, one run: gateway
+ANALYSIS = """Runs on this shared two-core machine vary by 10-20% from one to the next (the raw pyzmq
+baseline alone moved 368k -> 336k records/s between two sessions' runs), hence the median of several
+runs here; compare figures from the same run.
+
+What changed since the first measurement (same command, 2026-11-30 05:26 UTC, one run: gateway
 6,420 records/s with the driver encoding on the same cores, 1.11x grpcio; realtime p50 overhead 713 us / p99
 33 ms at 500/s, 3.5 ms / 21.6 ms at 2000/s; 329 MiB summed VmHWM), each found by profiling the gateway
 under this load (py-spy, cProfile):
@@ -560,6 +568,17 @@ under this load (py-spy, cProfile):
 5. Per-frame instead of per-request metric updates; queue, in-flight and dedupe gauges read at scrape.
 6. A carrier wake-up reads for at most ~2 ms, so a burst of large frames does not hold up the workers'
    answers (and so the workers).
+7. The edge agent (the row through it, and bench/agent_bench.py): Hong Kong's answers went to the local
+   caller one intake frame each (zmq.asyncio send, spool ack) and now go once per loop tick per caller
+   (up to 256 a frame); batch fsyncs run on a thread with frames arriving meanwhile sharing the next
+   (group commit; the loop no longer waits on the disk); the agent runs on uvloop. Alternating runs of
+   old and new code: agent_bench batched 6,447 / 6,281 -> 8,003 / 6,769 records/s; the 10k burst
+   through the agent, three runs each, 4.7k / 5.2k / 4.5k/s -> 5.5k / 4.9k / 6.0k/s.
+8. The pool batcher is a loop callback (a pass per submit tick, per finished batch, or a timer) instead of
+   a task woken through an Event and a semaphore, and carriers ask ZMQ_EVENTS before receiving instead
+   of catching EAGAIN. Neither shows above the noise: five alternating runs at 1000 realtime requests/s,
+   gateway main-thread CPU per request 653 us before, 628 us after (averages); ingest three runs each,
+   medians 10.7k before, 10.9k after.
 
 What limits it now: the gateway process's one thread. Under this load it is busy ~70% of the time
 (py-spy), the CPU worker ~50%: ~55 us of Python per request in the loop (decode and screening ~10 us,
@@ -571,9 +590,18 @@ infer and answers in the loop, finish in the worker) and each waits on the other
 request (parse, route, queue, answer) alone cost more than that. Reaching it needs the per-request work
 out of Python: requests kept as serialized bytes end to end, routing and queueing per group of a frame,
 answers assembled from worker-written bytes, the ingest path in compiled code. The latency target meets
-the same wall: a lone realtime request spends ~400 us in gateway Python (decode, route, ack, prepare,
-infer, finish, answer); 150 us is below what this interpreter does for one request. Those are changes of
-the whole ingest path, not tuning; this command is the gauge for them."""
+the same wall: a lone realtime request costs the gateway's main thread ~450-600 us of CPU (measured from
+/proc at 1000/s: decode, route, ack, prepare, infer, finish, answer, two ZeroMQ sends of ~50 us each),
+so 2000 single-request frames a second keep it nearly saturated and its p99 is queueing; 150 us is below
+what this interpreter does for one request. Those are changes of the whole ingest path, not tuning; this
+command is the gauge for them.
+
+Memory: the 10k run on a fresh gateway stays well under 500 MB. After the other runs (three ingest runs,
+the latency runs) the dedupe window holds ~300k ids (~134 bytes each), the response cache is at its
+64 MiB bound, and more arena slots have been touched; the summed VmHWM, which counts the shared
+libraries once per process (gateway, CPU worker, forkserver), then comes near or over 500 MB while PSS
+stays under it. In production the dedupe window's bound (`dedupe.max_entries`, 2M ids ~ 270 MB) and the
+response cache dominate steady-state memory: size them for the RSS budget (docs/GATEWAY.md)."""
 
 
 def main(argv: list[str] | None = None) -> int:
