@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from edge_agent.agent import EdgeAgent
 from edge_agent.config import AgentConfig, load_config
+from gateway.server import Gateway
+from gateway.testing import run_gateway, wait_for
 
 
 def agent_config(endpoints: dict[str, str], models: Path, spool: Path, **extra: Any) -> AgentConfig:
@@ -24,6 +29,19 @@ def agent_config(endpoints: dict[str, str], models: Path, spool: Path, **extra: 
     for key, value in extra.items():
         overrides[key] = {**overrides.get(key, {}), **value} if isinstance(value, dict) else value
     return load_config(environ={}, overrides=overrides)
+
+
+@asynccontextmanager
+async def agent_on_gateway(
+    models: Path, spool: Path, **extra: Any
+) -> AsyncIterator[tuple[Gateway, EdgeAgent]]:
+    """A test gateway and an in-process agent on all its carriers (``extra``: agent config sections),
+    yielded once the agent has a live carrier."""
+    async with run_gateway(models_dir=models) as gw:
+        endpoints = {name: gw.endpoint(name) for name in gw.carriers}
+        async with EdgeAgent(agent_config(endpoints, models, spool, **extra)) as agent:
+            await wait_for(lambda: agent.uplink is not None and agent.uplink.best() is not None)
+            yield gw, agent
 
 
 async def spawn_agent(

@@ -15,7 +15,7 @@ from edge_agent.drive import drive
 from edge_agent.synthetic import SyntheticTraffic
 from edgewire import FrameCodec, pb
 from gateway.testing import run_gateway, wait_for
-from tests.edge_agent.conftest import agent_config, spawn_agent
+from tests.edge_agent.conftest import agent_config, agent_on_gateway, spawn_agent
 
 
 async def test_every_request_answered_with_the_right_tier(models_dir: Path, tmp_path: Path) -> None:
@@ -61,32 +61,27 @@ async def test_answers_from_hong_kong_reach_a_caller_in_few_frames(models_dir: P
     """The gateway answers up to 256 requests per frame; the agent passes them on to the local caller the
     same way (one intake frame per caller per loop tick), not one frame per answer, and releases their
     spool entries."""
-    async with run_gateway(models_dir=models_dir) as gw:
-        endpoints = {name: gw.endpoint(name) for name in gw.carriers}
-        config = agent_config(endpoints, models_dir, tmp_path / "spool", local={"enabled": False})
-        async with EdgeAgent(config) as agent:
-            await wait_for(lambda: agent.uplink is not None and agent.uplink.best() is not None)
-            requests = [r.request for r in SyntheticTraffic(5, regions=("us-west",)).take(300)]
-            for r in requests:
-                r.priority = pb.PRIORITY_CLASS_BATCH  # spooled until answered
-            codec = FrameCodec()
-            ctx = zmq.asyncio.Context()
-            caller = ctx.socket(zmq.DEALER)
-            caller.connect(agent.intake_endpoint)
-            answers: Counter[bytes] = Counter()
-            response_frames = 0
-            try:
-                await caller.send_multipart(codec.encode(pb.RequestBatch(requests=requests), agent_id="t"))
-                while sum(answers.values()) < len(requests):
-                    decoded = codec.decode(await asyncio.wait_for(caller.recv_multipart(), timeout=20))
-                    if isinstance(decoded.payload, pb.ResponseBatch):
-                        response_frames += 1
-                        answers.update(r.request_id for r in decoded.payload.responses)
-            finally:
-                caller.close(0)
-                ctx.term()
-            assert agent.spool is not None
-            await wait_for(lambda: agent.spool is not None and agent.spool.live_records == 0)
+    requests = [r.request for r in SyntheticTraffic(5, regions=("us-west",)).take(300)]
+    for r in requests:
+        r.priority = pb.PRIORITY_CLASS_BATCH  # spooled until answered
+    codec = FrameCodec()
+    answers: Counter[bytes] = Counter()
+    response_frames = 0
+    async with agent_on_gateway(models_dir, tmp_path / "spool", local={"enabled": False}) as (_, agent):
+        ctx = zmq.asyncio.Context()
+        caller = ctx.socket(zmq.DEALER)
+        caller.connect(agent.intake_endpoint)
+        try:
+            await caller.send_multipart(codec.encode(pb.RequestBatch(requests=requests), agent_id="t"))
+            while sum(answers.values()) < len(requests):
+                decoded = codec.decode(await asyncio.wait_for(caller.recv_multipart(), timeout=20))
+                if isinstance(decoded.payload, pb.ResponseBatch):
+                    response_frames += 1
+                    answers.update(r.request_id for r in decoded.payload.responses)
+        finally:
+            caller.close(0)
+            ctx.term()
+        await wait_for(lambda: agent.spool is not None and agent.spool.live_records == 0)
     assert set(answers) == {r.request_id for r in requests}
     assert set(answers.values()) == {1}
     assert response_frames <= len(requests) // 10

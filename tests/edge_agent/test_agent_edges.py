@@ -20,7 +20,7 @@ from edge_agent.drive import drive
 from edge_agent.synthetic import SyntheticTraffic
 from edgewire import pb
 from gateway.testing import run_gateway, wait_for
-from tests.edge_agent.conftest import agent_config, spawn_agent
+from tests.edge_agent.conftest import agent_config, agent_on_gateway, spawn_agent
 
 NOWHERE = {"hgc": "tcp://127.0.0.1:9"}  # nothing listens: Hong Kong unreachable
 
@@ -329,24 +329,17 @@ async def test_a_failed_spool_fsync_refuses_the_frame_retryably(
         real(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
-    async with run_gateway(models_dir=models_dir) as gw:
-        endpoints = {name: gw.endpoint(name) for name in gw.carriers}
-        config = agent_config(endpoints, models_dir, tmp_path / "spool", local={"enabled": False})
-        async with EdgeAgent(config) as agent:
-            await wait_for(lambda: agent.uplink is not None and agent.uplink.best() is not None)
-            requests = [r.request for r in SyntheticTraffic(8, regions=("us-west",)).take(20)]
-            for r in requests:
-                r.request_id = b""
-            async with EdgeClient(agent.intake_endpoint) as client:
-                refused = await client.infer_many(
-                    requests[:10], deadline_s=5, priority=pb.PRIORITY_CLASS_BATCH
-                )
-                served = await client.infer_many(
-                    requests[10:], deadline_s=5, priority=pb.PRIORITY_CLASS_BATCH
-                )
-            assert agent.spool is not None
-            assert agent.spool.live_records == 0
-            at_gateway = agent.stats.remote
+    requests = [r.request for r in SyntheticTraffic(8, regions=("us-west",)).take(20)]
+    for r in requests:
+        r.request_id = b""
+    batch = pb.PRIORITY_CLASS_BATCH
+    async with agent_on_gateway(models_dir, tmp_path / "spool", local={"enabled": False}) as (_, agent):
+        async with EdgeClient(agent.intake_endpoint) as client:
+            refused = await client.infer_many(requests[:10], deadline_s=5, priority=batch)
+            served = await client.infer_many(requests[10:], deadline_s=5, priority=batch)
+        assert agent.spool is not None
+        assert agent.spool.live_records == 0
+        at_gateway = agent.stats.remote
     assert {r.status for r in refused} == {pb.STATUS_OVERLOADED}
     assert all(r.retry_after_ms > 0 and "fsync" in r.error_message for r in refused)
     assert {r.status for r in served} == {pb.STATUS_OK}
