@@ -78,6 +78,8 @@ class EdgeAgent:
         self._answered_ids: list[bytes] = []
         self._flush_scheduled = False
         self._commit: GroupCommit | None = None
+        self._taking: set[asyncio.Task[None]] = set()  # intake frames being taken (waiting for an fsync)
+        self._reserved = 0  # spooled requests counted against the in-flight window, not yet submitted
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -150,8 +152,10 @@ class EdgeAgent:
                 task.cancel()
         deadline = asyncio.get_running_loop().time() + timeout_s
         while asyncio.get_running_loop().time() < deadline:
-            busy = (self.uplink.inflight if self.uplink else 0) + sum(
-                len(q) for q in self._local_queue.values()
+            busy = (
+                (self.uplink.inflight if self.uplink else 0)
+                + sum(len(q) for q in self._local_queue.values())
+                + len(self._taking)  # spooled, waiting for their fsync: they go out, then are answered
             )
             if not busy and all(t.done() for t in self._tasks if t.get_name() != "discovery"):
                 return 0
@@ -239,6 +243,9 @@ class EdgeAgent:
             return
         self._closed = True
         self._stop.set()
+        for task in self._taking:  # what they spooled is resent by the next start
+            task.cancel()
+        await asyncio.gather(*self._taking, return_exceptions=True)
         for timer in self._local_timers.values():
             timer.cancel()
         self._local_timers.clear()
@@ -265,30 +272,25 @@ class EdgeAgent:
 
     async def _receive(self) -> None:
         """Read intake frames; each is taken in a task of its own, so frames that arrive while one waits
-        for its fsync are spooled meanwhile and share the next fsync (at most ``MAX_FRAMES_TAKING``)."""
+        for its fsync are spooled meanwhile and share the next fsync (at most ``MAX_FRAMES_TAKING``).
+        Stopping the reading (drain) lets the frames being taken finish."""
         assert self._intake is not None
         codec = FrameCodec()
         slots = asyncio.Semaphore(MAX_FRAMES_TAKING)
-        taking: set[asyncio.Task[None]] = set()
-        try:
-            while True:
-                frames = await self._intake.recv_multipart()
-                caller, body = frames[0], frames[1:]
-                try:
-                    batch = codec.decode(body).payload
-                except FrameError as exc:
-                    log.warning("bad frame from a local service", reason=exc.label)
-                    continue
-                if isinstance(batch, pb.RequestBatch):
-                    await slots.acquire()
-                    task = asyncio.create_task(self._take_guarded(caller, list(batch.requests)))
-                    taking.add(task)
-                    task.add_done_callback(taking.discard)
-                    task.add_done_callback(lambda _: slots.release())
-        finally:  # stopping: frames still being taken stop too
-            for task in taking:
-                task.cancel()
-            await asyncio.gather(*taking, return_exceptions=True)
+        while True:
+            frames = await self._intake.recv_multipart()
+            caller, body = frames[0], frames[1:]
+            try:
+                batch = codec.decode(body).payload
+            except FrameError as exc:
+                log.warning("bad frame from a local service", reason=exc.label)
+                continue
+            if isinstance(batch, pb.RequestBatch):
+                await slots.acquire()
+                task = asyncio.create_task(self._take_guarded(caller, list(batch.requests)))
+                self._taking.add(task)
+                task.add_done_callback(self._taking.discard)
+                task.add_done_callback(lambda _: slots.release())
 
     async def _take_guarded(self, caller: bytes, requests: list[pb.InferRequest]) -> None:
         try:
@@ -305,6 +307,7 @@ class EdgeAgent:
         ack = pb.Ack(acked_message_id=new_id())
         local: defaultdict[tuple[str, str], list[pb.InferRequest]] = defaultdict(list)
         remote: list[pb.InferRequest] = []
+        spooled: list[pb.InferRequest] = []  # remote and in the spool: they wait for its fsync
         policy = self.policy.policy
         wall = now_unix_us()
         rtt = self.uplink.rtt_s()
@@ -348,7 +351,7 @@ class EdgeAgent:
                             caller, request, "realtime deadline shorter than the round trip to HK"
                         )
                     continue
-            if not self.uplink.has_room(len(remote) + 1):
+            if not self.uplink.has_room(self._reserved + len(remote) + 1):
                 self._refuse(ack, request, "agent in-flight window full")
                 continue
             if priority.value in cfg.spool.classes:
@@ -366,30 +369,56 @@ class EdgeAgent:
                 if result != "stored":
                     self._refuse(ack, request, f"spool full ({result})")
                     continue
+                spooled.append(request)
             self._callers[request.request_id] = caller
             ack.accepted_ids.append(request.request_id)
             remote.append(request)
-        if remote and self._commit is not None:
+        self._queue_local(caller, local)
+        if spooled and self._commit is not None:
+            # Not spooled (realtime) go now; the spooled wait for an fsync that covers them, holding
+            # their place in the in-flight window.
+            waiting = {r.request_id for r in spooled}
+            now_going = [r for r in remote if r.request_id not in waiting]
+            self._submit(now_going)
+            self._reserved += len(spooled)
             try:
                 await self._commit.commit()
             except OSError as exc:
-                # Not durable: take them back (tombstoned, so a restart does not resend them) and let
-                # the callers retry, rather than acknowledge what a power loss could lose.
-                log.error("spool fsync failed", error=str(exc))
-                ids = [r.request_id for r in remote]
-                self.spool.ack(ids)
-                refused = set(ids)
-                for request in remote:
-                    self._callers.pop(request.request_id, None)
-                    self._refuse(ack, request, "spool fsync failed")
-                kept = [rid for rid in ack.accepted_ids if rid not in refused]
-                del ack.accepted_ids[:]
-                ack.accepted_ids.extend(kept)
-                remote = []
-        if remote:
-            self.uplink.submit(remote)
-            self.stats.remote += len(remote)
+                self._take_back(ack, spooled, exc)
+                spooled = []
+            finally:
+                self._reserved -= len(waiting)
+            self._submit(spooled)
+        else:
+            self._submit(remote)
         await self._reply(caller, ack)
+        self._tasks = [t for t in self._tasks if not t.done()]
+
+    def _submit(self, requests: list[pb.InferRequest]) -> None:
+        if requests:
+            assert self.uplink is not None
+            self.uplink.submit(requests)
+            self.stats.remote += len(requests)
+
+    def _take_back(self, ack: pb.Ack, spooled: list[pb.InferRequest], exc: OSError) -> None:
+        """The spool could not make ``spooled`` durable: refuse them (retryable) rather than acknowledge
+        what a power loss could lose, and tombstone them so a restart does not resend them."""
+        log.error("spool fsync failed; refusing the frame's spooled requests", error=str(exc))
+        ids = [r.request_id for r in spooled]
+        assert self.spool is not None
+        try:
+            self.spool.ack(ids)
+        except OSError as again:  # the disk is failing: a restart may resend them, nobody waits for those
+            log.error("spool tombstones failed", error=str(again))
+        refused = set(ids)
+        for request in spooled:
+            self._callers.pop(request.request_id, None)
+            self._refuse(ack, request, "spool fsync failed")
+        kept = [rid for rid in ack.accepted_ids if rid not in refused]
+        del ack.accepted_ids[:]
+        ack.accepted_ids.extend(kept)
+
+    def _queue_local(self, caller: bytes, local: dict[tuple[str, str], list[pb.InferRequest]]) -> None:
         for key, batch in local.items():
             queue = self._local_queue.setdefault(key, [])
             queue.extend((caller, request) for request in batch)
@@ -399,7 +428,6 @@ class EdgeAgent:
                 # Micro-batching: requests from many callers share one model call.
                 loop = asyncio.get_running_loop()
                 self._local_timers[key] = loop.call_later(LOCAL_LINGER_S, self._flush_local, key)
-        self._tasks = [t for t in self._tasks if not t.done()]
 
     def _flush_local(self, key: tuple[str, str]) -> None:
         timer = self._local_timers.pop(key, None)
@@ -504,9 +532,12 @@ class EdgeAgent:
         ``MAX_RESPONSES_PER_FRAME``."""
         self._flush_scheduled = False
         answered, self._answered_ids = self._answered_ids, []
-        if answered and self.spool is not None:
-            self.spool.ack(answered)
         outbox, self._outbox = self._outbox, {}
+        if answered and self.spool is not None:
+            try:
+                self.spool.ack(answered)
+            except OSError as exc:  # a failing disk must not keep the answers from their callers
+                log.error("spool ack failed", error=str(exc))
         for caller, responses in outbox.items():
             for start in range(0, len(responses), MAX_RESPONSES_PER_FRAME):
                 self._send_responses(caller, responses[start : start + MAX_RESPONSES_PER_FRAME])

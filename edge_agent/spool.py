@@ -622,6 +622,11 @@ class GroupCommit:
         self._durable = 0  # every commit up to this number is on disk
         self._running: asyncio.Future[None] | None = None
         self._covers = 0  # the commits the running fsync covers
+        # Commits up to this number were covered by an fsync that failed. They fail too, even if a later
+        # fsync succeeds: after a write-back error Linux reports it once and may have dropped the dirty
+        # pages, so a later success says nothing about their records.
+        self._failed_through = 0
+        self._error: OSError | None = None
         self.fsyncs = 0
 
     async def commit(self) -> None:
@@ -629,6 +634,9 @@ class GroupCommit:
         self._requested += 1
         mine = self._requested
         while self._durable < mine:
+            if mine <= self._failed_through:
+                assert self._error is not None
+                raise OSError(self._error.errno, f"spool fsync failed: {self._error.strerror or self._error}")
             running = self._running
             if running is not None and running.done():
                 # Finished, its callbacks not run yet (they run a loop step later): settle it here,
@@ -645,14 +653,21 @@ class GroupCommit:
             self._covers = self._requested
             running.add_done_callback(self._settle)
             self.fsyncs += 1
-            await asyncio.shield(running)  # this call's appends are covered: it raises if the fsync failed
+            with contextlib.suppress(Exception):
+                await asyncio.shield(running)  # covers this call: its outcome is read at the loop's top
 
     def _settle(self, done: asyncio.Future[None]) -> None:
         if self._running is not done:
             return  # settled already
         self._running = None
-        if not done.cancelled() and done.exception() is None:
+        if done.cancelled():
+            return
+        error = done.exception()
+        if error is None:
             self._durable = max(self._durable, self._covers)
+        else:
+            self._failed_through = max(self._failed_through, self._covers)
+            self._error = error if isinstance(error, OSError) else OSError(str(error))
 
     def close(self) -> None:
         self._thread.shutdown(wait=False)

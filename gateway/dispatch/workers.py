@@ -141,7 +141,12 @@ class WorkerPool:
         """Every quarter of the timeout (at most every second): kill the workers whose task overran."""
         assert self._loop is not None
         now = time.monotonic()
-        for worker in self._workers:
+        for worker in list(self._workers):
+            if worker.alive and worker.killed_after_s and worker.process.exitcode is not None:
+                # Killed and gone, yet no end of file on its pipe (a process it started still holds
+                # the other end): settle it as dead now.
+                self._died(worker)
+                continue
             ran = now - worker.running_since
             if worker.alive and worker.tasks and not worker.killed_after_s and ran > self.task_timeout_s:
                 worker.killed_after_s = ran
@@ -157,7 +162,7 @@ class WorkerPool:
                     self._on_timeout()
                 # The task fails when the pipe reports end of file, i.e. once the process is gone.
                 worker.process.kill()
-        interval = min(1.0, self.task_timeout_s / 4)
+        interval = min(1.0, max(0.05, self.task_timeout_s / 4))
         self._watchdog = self._loop.call_later(interval, self._watch)
 
     def _spawn(self) -> _Worker:

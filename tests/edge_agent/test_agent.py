@@ -59,8 +59,7 @@ async def test_client_gets_one_answer_per_request(models_dir: Path, tmp_path: Pa
 
 async def test_answers_from_hong_kong_reach_a_caller_in_few_frames(models_dir: Path, tmp_path: Path) -> None:
     """The gateway answers up to 256 requests per frame; the agent passes them on to the local caller the
-    same way (one intake frame per caller per loop tick), not one frame per answer, and releases their
-    spool entries."""
+    same way (one intake frame per caller per loop tick), not one frame per answer."""
     requests = [r.request for r in SyntheticTraffic(5, regions=("us-west",)).take(300)]
     for r in requests:
         r.priority = pb.PRIORITY_CLASS_BATCH  # spooled until answered
@@ -81,7 +80,6 @@ async def test_answers_from_hong_kong_reach_a_caller_in_few_frames(models_dir: P
         finally:
             caller.close(0)
             ctx.term()
-        await wait_for(lambda: agent.spool is not None and agent.spool.live_records == 0)
     assert set(answers) == {r.request_id for r in requests}
     assert set(answers.values()) == {1}
     assert response_frames <= len(requests) // 10

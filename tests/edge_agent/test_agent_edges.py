@@ -9,6 +9,7 @@ import shutil
 import stat
 import subprocess
 import time
+from collections import Counter
 from pathlib import Path
 
 import aiohttp
@@ -344,3 +345,63 @@ async def test_a_failed_spool_fsync_refuses_the_frame_retryably(
     assert all(r.retry_after_ms > 0 and "fsync" in r.error_message for r in refused)
     assert {r.status for r in served} == {pb.STATUS_OK}
     assert at_gateway == 10  # the refused frame never left the agent
+
+
+def _slow_file_fsyncs(monkeypatch: pytest.MonkeyPatch, delay_s: float) -> None:
+    """Every fsync of a regular file (the spool's segments) takes ``delay_s``: a slow disk."""
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            time.sleep(delay_s)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+def _batch_class(n: int, seed: int) -> list[pb.InferRequest]:
+    requests = [r.request for r in SyntheticTraffic(seed, regions=("us-west",)).take(n)]
+    for r in requests:
+        r.request_id = b""
+        r.priority = pb.PRIORITY_CLASS_BATCH  # spooled, so each frame waits for an fsync
+    return requests
+
+
+async def test_drain_lets_frames_waiting_for_their_fsync_finish(
+    models_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM while a frame's requests wait for a slow fsync: the drain stops reading new frames but
+    waits for that one to be acknowledged, sent and answered; nothing is left unanswered."""
+    _slow_file_fsyncs(monkeypatch, 0.3)
+    requests = _batch_class(5, seed=31)
+    async with agent_on_gateway(models_dir, tmp_path / "spool", local={"enabled": False}) as (_, agent):
+        assert agent.spool is not None
+        spool = agent.spool
+        async with EdgeClient(agent.intake_endpoint) as client:
+            answering = asyncio.create_task(client.infer_many(requests, deadline_s=10))
+            await wait_for(lambda: spool.live_records == 5, what="the frame spooled, its fsync running")
+            left = await agent.drain(10.0)
+            responses = await answering
+    assert left == 0
+    assert [r.status for r in responses] == [pb.STATUS_OK] * 5
+
+
+async def test_frames_waiting_for_their_fsync_count_against_the_in_flight_window(
+    models_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """uplink.max_inflight holds while frames wait for a slow fsync: four frames of five arriving during
+    one fsync with room for five get five accepted and fifteen refused, not twenty sent."""
+    _slow_file_fsyncs(monkeypatch, 0.3)
+    frames = [_batch_class(5, seed=40 + i) for i in range(4)]
+    async with (
+        agent_on_gateway(
+            models_dir, tmp_path / "spool", local={"enabled": False}, uplink={"max_inflight": 5}
+        ) as (_, agent),
+        EdgeClient(agent.intake_endpoint) as client,
+    ):
+        answers = await asyncio.gather(*(client.infer_many(f, deadline_s=10) for f in frames))
+    statuses = Counter(r.status for frame in answers for r in frame)
+    assert statuses[pb.STATUS_OK] <= 5
+    assert statuses[pb.STATUS_OK] + statuses[pb.STATUS_OVERLOADED] == 20
+    refused = [r for frame in answers for r in frame if r.status == pb.STATUS_OVERLOADED]
+    assert all("in-flight window full" in r.error_message for r in refused)
