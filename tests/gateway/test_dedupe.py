@@ -1,11 +1,13 @@
-"""The dedupe window: states, expiry, the count bound, and what an id costs in memory."""
+"""The dedupe window: states, expiry, the count bound, and what an id costs in memory; the response
+cache's memory bound."""
 
 from __future__ import annotations
 
+import os
 import tracemalloc
 
 from edgewire import new_id
-from gateway.dedupe import DedupeWindow, RequestState
+from gateway.dedupe import DedupeWindow, RequestState, ResponseCache
 
 
 def test_an_accepted_id_is_pending_then_done_until_its_window_ends() -> None:
@@ -65,3 +67,23 @@ def test_an_id_costs_under_200_bytes() -> None:
         tracemalloc.stop()
     assert len(window) == len(ids)
     assert (after - before) / len(ids) < 200
+
+
+def test_the_response_cache_bound_is_its_memory_not_only_its_payload() -> None:
+    """response_cache_bytes bounds what the cache really holds: with 600-byte answers (a ranking answer's
+    size) the memory traced for a full cache stays within 10% of the bound, and the oldest go first."""
+    bound = 8 << 20
+    answers = [(os.urandom(16), os.urandom(600)) for _ in range(30_000)]  # ~18 MB of payload: 2x over
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        cache = ResponseCache(bound)
+        for rid, data in answers:
+            cache.put(bytes(bytearray(rid)), bytes(bytearray(data)))  # fresh objects, as in the gateway
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert cache.nbytes <= bound
+    assert 0.9 * bound <= held <= 1.1 * bound
+    assert cache.get(answers[0][0]) is None
+    assert cache.get(answers[-1][0]) == answers[-1][1]
