@@ -111,6 +111,7 @@ class PoolDispatcher:
         # batch waiting for company a timer.
         self._loop: asyncio.AbstractEventLoop | None = None
         self._running = False
+        self._stopped = False  # stop() was called: nothing new is queued (it would never be served)
         self._pass_scheduled = False
         self._timer: asyncio.TimerHandle | None = None
         self._ewma_item_s = 0.0
@@ -154,8 +155,9 @@ class PoolDispatcher:
     # ------------------------------------------------------------------ intake
 
     def submit(self, item: WorkItem, now: float) -> bool:
-        """Queue an item; False when the pool's queue is full (the caller answers OVERLOADED)."""
-        if self._depth >= self.max_queue_depth:
+        """Queue an item; False when the pool's queue is full (the caller answers OVERLOADED) or the pool
+        is stopping (a batch failing during drain is not rerouted into a queue nobody serves)."""
+        if self._depth >= self.max_queue_depth or self._stopped:
             return False
         item.enqueued = now
         key = (item.model, item.version, self._size_group(item))
@@ -198,11 +200,13 @@ class PoolDispatcher:
         if not self._running:
             self._loop = asyncio.get_running_loop()
             self._running = True
+            self._stopped = False
             self._schedule_pass()
 
     async def stop(self, timeout_s: float) -> None:
         """Stop batching; wait up to ``timeout_s`` for in-flight calls, then cancel them."""
         self._running = False
+        self._stopped = True
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -212,6 +212,33 @@ async def test_drain_deadline_answers_unfinished_batches(models_dir: Path) -> No
     assert agent.duplicate_responses == 0
 
 
+async def test_a_batch_failing_during_drain_is_answered_not_rerouted_into_a_stopped_pool(
+    models_dir: Path,
+) -> None:
+    """A cloud batch that fails after the drain stopped the pools is answered UNAVAILABLE (retryable):
+    rerouting it would queue it on a pool nobody serves any more, and its requests would never be
+    answered."""
+    overrides = split_backends(models_dir)
+    overrides["drain_timeout_s"] = 5.0
+    overrides["drain_grace_s"] = 0.0
+    async with run_gateway(models_dir=models_dir, **overrides) as gw:
+        gpu = backend(gw, "gpu")
+        gpu.delay_s = 0.5  # in the backend when the drain starts, failing after it has stopped the pools
+        gpu.fail = True
+        heavy = synthetic(10, seed=17)
+        for r in heavy:
+            r.complexity_hint = 0.95  # the client says: cloud tier
+        async with WireClient(gw.endpoint("hgc")) as agent:
+            ack = await agent.wait_ack(await agent.send(fresh_requests(heavy, budget_s=30)))
+            await wait_for(lambda: gpu.calls > 0)
+            await gw.drain()
+            responses = await agent.wait_responses(list(ack.accepted_ids), timeout_s=10)
+        assert sum(p.depth for p in gw.pools.values()) == 0
+    assert len(responses) == len(ack.accepted_ids) > 0
+    assert {r.status for r in responses} == {pb.STATUS_UNAVAILABLE}
+    assert all(r.retry_after_ms > 0 for r in responses)
+
+
 async def test_batch_larger_than_the_model_takes_is_split_into_calls(models_dir: Path) -> None:
     """A pool batching 128 requests for a model that takes 64 rows answers all of them, in several calls."""
     overrides = split_backends(models_dir)
