@@ -599,9 +599,11 @@ command is the gauge for them.
 Memory: the 10k run on a fresh gateway stays well under 500 MB. After the other runs (three ingest runs,
 the latency runs) the dedupe window holds ~300k ids (~134 bytes each), the response cache is at its
 64 MiB bound, and more arena slots have been touched; the summed VmHWM, which counts the shared
-libraries once per process (gateway, CPU worker, forkserver), then comes near or over 500 MB while PSS
-stays under it. In production the dedupe window's bound (`dedupe.max_entries`, 2M ids ~ 270 MB) and the
-response cache dominate steady-state memory: size them for the RSS budget (docs/GATEWAY.md)."""
+libraries once per process (gateway, CPU worker, forkserver), then comes near 500 MB while PSS stays
+well under it. (The response cache's bound now counts each answer's ~190 bytes of bookkeeping; before,
+a "64 MiB" cache of ranking answers held ~85 MiB, and this figure was 494 MiB in a run earlier today.)
+In production the dedupe window's bound (`dedupe.max_entries`, 2M ids ~ 270 MB) and the response cache
+dominate steady-state memory: size them for the RSS budget (docs/GATEWAY.md)."""
 
 
 def main(argv: list[str] | None = None) -> int:
