@@ -140,9 +140,11 @@ def _run(args: argparse.Namespace) -> int:
 async def _serve(config: Any, args: argparse.Namespace) -> int:
     from edge_agent.agent import EdgeAgent
     from edge_agent.drive import drive
+    from gateway.ops.runtime import freeze_startup_objects
 
     agent = EdgeAgent(config)
     await agent.start()
+    freeze_startup_objects()  # full collections no longer scan the start-up heap (gateway/ops/runtime.py)
     try:
         if args.synthetic:
             result = await drive(agent.intake_endpoint, config.region, args.synthetic, args.rate)

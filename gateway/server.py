@@ -42,6 +42,7 @@ from gateway.ops.health import CarrierProbe, CarrierState, HealthSnapshot, Hyste
 from gateway.ops.http import HealthServer
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.notify import SystemdNotifier
+from gateway.ops.runtime import freeze_startup_objects
 from gateway.pipeline.registry import PipelineDeclarations
 from gateway.replies import ReplyRouter
 from routing.geo import RegionResolver
@@ -287,6 +288,7 @@ class Gateway:
     async def serve(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set, then drain and close."""
         await self.start()
+        log.info("start-up objects frozen", objects=freeze_startup_objects())
         try:
             await stop.wait()
             await self.drain()
