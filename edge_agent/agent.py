@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter, defaultdict
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import structlog
 import zmq
@@ -47,6 +49,7 @@ class AgentStats:
     failed_fast: Counter[str] = field(default_factory=Counter)
     refused: int = 0  # nacked at intake: spool full or in-flight window full
     orphan_responses: int = 0  # answers for callers that left (e.g. recovered from the spool)
+    orphan_acks: int = 0  # Acks a local caller was not reading (its socket full)
     responses: Counter[str] = field(default_factory=Counter)  # answers given to callers, by status
 
 
@@ -271,9 +274,9 @@ class EdgeAgent:
     # ------------------------------------------------------------------ intake
 
     async def _receive(self) -> None:
-        """Read intake frames; each is taken in a task of its own, so frames that arrive while one waits
-        for its fsync are spooled meanwhile and share the next fsync (at most ``MAX_FRAMES_TAKING``).
-        Stopping the reading (drain) lets the frames being taken finish."""
+        """Read intake frames and take each at once; a frame whose requests wait for the spool's fsync
+        finishes in a task of its own, so frames that arrive meanwhile are spooled and share the next
+        fsync (at most ``MAX_FRAMES_TAKING`` waiting). Stopping the reading (drain) lets those finish."""
         assert self._intake is not None
         codec = FrameCodec()
         slots = asyncio.Semaphore(MAX_FRAMES_TAKING)
@@ -285,22 +288,33 @@ class EdgeAgent:
             except FrameError as exc:
                 log.warning("bad frame from a local service", reason=exc.label)
                 continue
-            if isinstance(batch, pb.RequestBatch):
+            if not isinstance(batch, pb.RequestBatch):
+                continue
+            try:
+                waiting = self._take(caller, list(batch.requests))
+            except Exception:  # one bad batch must not stop the intake for every local service
+                log.exception("taking a batch from a local service failed")
+                continue
+            if waiting is not None:
                 await slots.acquire()
-                task = asyncio.create_task(self._take_guarded(caller, list(batch.requests)))
+                task = asyncio.create_task(self._guarded(waiting))
                 self._taking.add(task)
                 task.add_done_callback(self._taking.discard)
                 task.add_done_callback(lambda _: slots.release())
 
-    async def _take_guarded(self, caller: bytes, requests: list[pb.InferRequest]) -> None:
+    async def _guarded(self, waiting: Coroutine[Any, Any, None]) -> None:
         try:
-            await self._take(caller, requests)
+            await waiting
         except asyncio.CancelledError:
             raise
         except Exception:  # one bad batch must not stop the intake for every local service
             log.exception("taking a batch from a local service failed")
 
-    async def _take(self, caller: bytes, requests: list[pb.InferRequest]) -> None:  # noqa: PLR0912, PLR0915  (one decision table)
+    def _take(  # noqa: PLR0912, PLR0915  (one decision table)
+        self, caller: bytes, requests: list[pb.InferRequest]
+    ) -> Coroutine[Any, Any, None] | None:
+        """Decide, spool, queue and send what a frame holds; the Ack goes back now, or, when requests of
+        it wait for the spool's fsync, from the coroutine returned (the caller runs it)."""
         assert self.uplink is not None
         assert self.spool is not None
         cfg = self.config
@@ -374,25 +388,30 @@ class EdgeAgent:
             ack.accepted_ids.append(request.request_id)
             remote.append(request)
         self._queue_local(caller, local)
+        self._tasks = [t for t in self._tasks if not t.done()]
         if spooled and self._commit is not None:
             # Not spooled (realtime) go now; the spooled wait for an fsync that covers them, holding
             # their place in the in-flight window.
             waiting = {r.request_id for r in spooled}
-            now_going = [r for r in remote if r.request_id not in waiting]
-            self._submit(now_going)
+            self._submit([r for r in remote if r.request_id not in waiting])
             self._reserved += len(spooled)
-            try:
-                await self._commit.commit()
-            except OSError as exc:
-                self._take_back(ack, spooled, exc)
-                spooled = []
-            finally:
-                self._reserved -= len(waiting)
-            self._submit(spooled)
-        else:
-            self._submit(remote)
-        await self._reply(caller, ack)
-        self._tasks = [t for t in self._tasks if not t.done()]
+            return self._after_commit(caller, ack, spooled)
+        self._submit(remote)
+        self._reply(caller, ack)
+        return None
+
+    async def _after_commit(self, caller: bytes, ack: pb.Ack, spooled: list[pb.InferRequest]) -> None:
+        assert self._commit is not None
+        reserved = len(spooled)
+        try:
+            await self._commit.commit()
+        except OSError as exc:
+            self._take_back(ack, spooled, exc)
+            spooled = []
+        finally:
+            self._reserved -= reserved
+        self._submit(spooled)
+        self._reply(caller, ack)
 
     def _submit(self, requests: list[pb.InferRequest]) -> None:
         if requests:
@@ -487,13 +506,16 @@ class EdgeAgent:
         )
         self._send_responses(caller, [response])
 
-    async def _reply(self, caller: bytes, ack: pb.Ack) -> None:
+    def _reply(self, caller: bytes, ack: pb.Ack) -> None:
+        """The Ack to a local caller, without waiting: a caller that does not read must not hold up the
+        intake for every other (it gets no Ack, and its requests are answered or time out)."""
         if self._intake is None:
             return
         frames = self._local_codec.encode(
             ack, agent_id=self.config.name, region=self.config.region, compress=False
         )
-        await self._intake.send_multipart([caller, *frames])
+        if not send_nowait(self._intake, [caller, *frames]):
+            self.stats.orphan_acks += 1
 
     def _send_responses(self, caller: bytes, responses: list[pb.InferResponse]) -> None:
         """Answer a local caller now (non-blocking; loopback frames are not worth compressing)."""

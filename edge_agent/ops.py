@@ -49,6 +49,11 @@ class AgentCollector:
         )
         orphans.add_metric([], stats.orphan_responses)
         yield orphans
+        unread = CounterMetricFamily(
+            f"{NS}_orphan_acks", "Acks not sent because the local caller was not reading (socket full)"
+        )
+        unread.add_metric([], stats.orphan_acks)
+        yield unread
         uplink = agent.uplink
         if uplink is not None:
             now = time.monotonic()
