@@ -281,34 +281,37 @@ class EdgeAgent:
         codec = FrameCodec()
         slots = asyncio.Semaphore(MAX_FRAMES_TAKING)
         while True:
-            frames = await self._intake.recv_multipart()
-            caller, body = frames[0], frames[1:]
+            # The slot first: this loop is cancelled (drain) only where it awaits, and no await may come
+            # between receiving a frame and taking it, or a received frame would be dropped unanswered.
+            await slots.acquire()
             try:
-                batch = codec.decode(body).payload
-            except FrameError as exc:
-                log.warning("bad frame from a local service", reason=exc.label)
+                frames = await self._intake.recv_multipart()
+            except BaseException:
+                slots.release()
+                raise
+            waiting = self._take_frame(codec, frames)
+            if waiting is None:
+                slots.release()
                 continue
-            if not isinstance(batch, pb.RequestBatch):
-                continue
-            try:
-                waiting = self._take(caller, list(batch.requests))
-            except Exception:  # one bad batch must not stop the intake for every local service
-                log.exception("taking a batch from a local service failed")
-                continue
-            if waiting is not None:
-                await slots.acquire()
-                task = asyncio.create_task(self._guarded(waiting))
-                self._taking.add(task)
-                task.add_done_callback(self._taking.discard)
-                task.add_done_callback(lambda _: slots.release())
+            task = asyncio.create_task(waiting)
+            self._taking.add(task)
+            task.add_done_callback(self._taking.discard)
+            task.add_done_callback(lambda _: slots.release())
 
-    async def _guarded(self, waiting: Coroutine[Any, Any, None]) -> None:
+    def _take_frame(self, codec: FrameCodec, frames: list[bytes]) -> Coroutine[Any, Any, None] | None:
+        caller, body = frames[0], frames[1:]
         try:
-            await waiting
-        except asyncio.CancelledError:
-            raise
+            batch = codec.decode(body).payload
+        except FrameError as exc:
+            log.warning("bad frame from a local service", reason=exc.label)
+            return None
+        if not isinstance(batch, pb.RequestBatch):
+            return None
+        try:
+            return self._take(caller, list(batch.requests))
         except Exception:  # one bad batch must not stop the intake for every local service
             log.exception("taking a batch from a local service failed")
+            return None
 
     def _take(  # noqa: PLR0912, PLR0915  (one decision table)
         self, caller: bytes, requests: list[pb.InferRequest]
@@ -401,17 +404,21 @@ class EdgeAgent:
         return None
 
     async def _after_commit(self, caller: bytes, ack: pb.Ack, spooled: list[pb.InferRequest]) -> None:
+        """The rest of a frame whose spooled requests wait for an fsync: send them and the Ack after it."""
         assert self._commit is not None
         reserved = len(spooled)
         try:
-            await self._commit.commit()
-        except OSError as exc:
-            self._take_back(ack, spooled, exc)
-            spooled = []
-        finally:
-            self._reserved -= reserved
-        self._submit(spooled)
-        self._reply(caller, ack)
+            try:
+                await self._commit.commit()
+            except OSError as exc:
+                self._take_back(ack, spooled, exc)
+                spooled = []
+            finally:
+                self._reserved -= reserved
+            self._submit(spooled)
+            self._reply(caller, ack)
+        except Exception:  # a bug here must not go unseen: the task is not awaited by anyone
+            log.exception("taking a batch from a local service failed")
 
     def _submit(self, requests: list[pb.InferRequest]) -> None:
         if requests:
