@@ -533,22 +533,23 @@ def test_pending_matches_model_through_appends_acks_and_reopens(ops: list[Op]) -
 
 
 def _file_fsyncs(
-    monkeypatch: pytest.MonkeyPatch, delay_s: float = 0.0, fail: int = 0
+    monkeypatch: pytest.MonkeyPatch, delays_s: tuple[float, ...] = (), failing: frozenset[int] = frozenset()
 ) -> list[tuple[str, float]]:
-    """Wrap os.fsync for regular files: log ("start"/"end", time) per call, optionally slow, and make
-    the first ``fail`` calls raise EIO (directories are synced as before)."""
+    """Wrap os.fsync for regular files (directories are synced as before): log ("start"/"end", time) per
+    call; call ``n`` (from 0) first sleeps ``delays_s[n]`` (the last value for later calls, none if empty)
+    and raises EIO when ``n`` is in ``failing``."""
     real = os.fsync
     log: list[tuple[str, float]] = []
-    failures = [fail]
 
     def fsync(fd: int) -> None:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             real(fd)
             return
+        n = sum(1 for what, _ in log if what == "start")
         log.append(("start", time.monotonic()))
-        time.sleep(delay_s)
-        if failures[0] > 0:
-            failures[0] -= 1
+        if delays_s:
+            time.sleep(delays_s[min(n, len(delays_s) - 1)])
+        if n in failing:
             raise OSError(errno.EIO, "injected: I/O error")
         real(fd)
         log.append(("end", time.monotonic()))
@@ -582,7 +583,7 @@ async def test_a_commit_waits_for_an_fsync_that_started_after_its_append(
 ) -> None:
     """A frame appended while an fsync is already running is not covered by it: its commit returns only
     after the next fsync has ended."""
-    log = _file_fsyncs(monkeypatch, delay_s=0.05)
+    log = _file_fsyncs(monkeypatch, delays_s=(0.05,))
     spool = Spool(spool_dir, fsync="batch")
     commit = GroupCommit(spool)
     try:
@@ -621,7 +622,7 @@ async def test_a_failed_fsync_fails_its_commit_and_the_next_one_retries(
     spool_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An fsync error reaches the commit it would have covered; the next commit runs a new fsync."""
-    _file_fsyncs(monkeypatch, fail=1)
+    _file_fsyncs(monkeypatch, failing=frozenset({0}))
     spool = Spool(spool_dir, fsync="batch")
     commit = GroupCommit(spool)
     try:
@@ -642,27 +643,18 @@ async def test_a_failed_fsync_fails_every_commit_it_covered_even_if_the_next_suc
     """Two frames appended while an fsync runs share the next one; when that fails, both commits fail,
     though a third fsync would succeed (after a write-back error the kernel may have dropped their pages:
     a later success does not cover them)."""
-    real = os.fsync
-    calls: list[int] = []
+    # The first runs while frames 2 and 3 arrive; the second, covering them, fails.
+    log = _file_fsyncs(monkeypatch, delays_s=(0.1, 0.0), failing=frozenset({1}))
 
-    def fsync(fd: int) -> None:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            real(fd)
-            return
-        calls.append(fd)
-        if len(calls) == 1:
-            time.sleep(0.1)  # the first runs while frames 2 and 3 arrive
-        elif len(calls) == 2:
-            raise OSError(errno.EIO, "injected: I/O error")
-        real(fd)
+    def started() -> int:
+        return sum(1 for what, _ in log if what == "start")
 
-    monkeypatch.setattr(os, "fsync", fsync)
     spool = Spool(spool_dir, fsync="batch")
     commit = GroupCommit(spool)
     try:
         spool.append(rid(1), body(1))
         first = asyncio.create_task(commit.commit())
-        await wait_for(lambda: bool(calls), timeout_s=5, what="the first fsync started")
+        await wait_for(lambda: started() == 1, timeout_s=5, what="the first fsync started")
         spool.append(rid(2), body(2))
         second = asyncio.create_task(commit.commit())
         spool.append(rid(3), body(3))
@@ -670,10 +662,10 @@ async def test_a_failed_fsync_fails_every_commit_it_covered_even_if_the_next_suc
         outcomes = await asyncio.gather(first, second, third, return_exceptions=True)
         assert outcomes[0] is None
         assert all(isinstance(o, OSError) for o in outcomes[1:]), outcomes
-        assert len(calls) == 2
+        assert started() == 2
         spool.append(rid(4), body(4))
         await commit.commit()  # a frame after the failure gets an fsync of its own
-        assert len(calls) == 3
+        assert started() == 3
     finally:
         commit.close()
         spool.close()
