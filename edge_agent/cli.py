@@ -124,17 +124,11 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     from gateway.config import LoggingConfig
     from gateway.ops.logs import configure_logging
+    from gateway.ops.runtime import run_main
 
     # Logs go to stderr (JSON off a terminal), so stdout carries only the --synthetic summary.
     configure_logging(LoggingConfig(format="auto", level="warning" if args.synthetic else "info"))
-    try:
-        import uvloop
-
-        runner: Any = uvloop.run
-    except ImportError:  # uvloop is optional off Linux
-        runner = asyncio.run
-    result: int = runner(_serve(config, args))
-    return result
+    return run_main(_serve(config, args))
 
 
 async def _serve(config: Any, args: argparse.Namespace) -> int:

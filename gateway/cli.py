@@ -286,19 +286,14 @@ def _ensure_demo_models(config: GatewayConfig) -> None:
 
 def run(config: GatewayConfig, config_path: Path | None) -> int:
     from gateway.ops.logs import configure_logging
+    from gateway.ops.runtime import run_main
     from gateway.server import Gateway, GatewayStartError
 
     configure_logging(config.logging)
     _ensure_demo_models(config)
-    try:
-        import uvloop
-
-        runner: Any = uvloop.run
-    except ImportError:  # uvloop is optional off Linux
-        runner = asyncio.run
     gateway = Gateway(config, config_path=config_path)
     try:
-        runner(_serve(gateway))
+        run_main(_serve(gateway))
     except GatewayStartError as exc:
         print(f"hk-gateway: {exc}", file=sys.stderr)
         return EXIT_START

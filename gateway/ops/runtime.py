@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def run_main(main: Coroutine[Any, Any, T]) -> T:
+    """Run the program's main coroutine on uvloop (faster socket and timer handling), or on asyncio's own
+    loop where uvloop is not installed (it is optional off Linux)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
 
 
 def freeze_startup_objects() -> int:
