@@ -323,8 +323,8 @@ class EdgeAgent:
         cfg = self.config
         ack = pb.Ack(acked_message_id=new_id())
         local: defaultdict[tuple[str, str], list[pb.InferRequest]] = defaultdict(list)
-        remote: list[pb.InferRequest] = []
-        spooled: list[pb.InferRequest] = []  # remote and in the spool: they wait for its fsync
+        direct: list[pb.InferRequest] = []  # to Hong Kong now
+        spooled: list[pb.InferRequest] = []  # to Hong Kong once the spool's fsync covers them
         policy = self.policy.policy
         wall = now_unix_us()
         rtt = self.uplink.rtt_s()
@@ -368,7 +368,7 @@ class EdgeAgent:
                             caller, request, "realtime deadline shorter than the round trip to HK"
                         )
                     continue
-            if not self.uplink.has_room(self._reserved + len(remote) + 1):
+            if not self.uplink.has_room(self._reserved + len(direct) + len(spooled) + 1):
                 self._refuse(ack, request, "agent in-flight window full")
                 continue
             if priority.value in cfg.spool.classes:
@@ -387,19 +387,17 @@ class EdgeAgent:
                     self._refuse(ack, request, f"spool full ({result})")
                     continue
                 spooled.append(request)
+            else:
+                direct.append(request)
             self._callers[request.request_id] = caller
-            ack.accepted_ids.append(request.request_id)
-            remote.append(request)
         self._queue_local(caller, local)
         self._tasks = [t for t in self._tasks if not t.done()]
+        self._accept(ack, direct)
         if spooled and self._commit is not None:
-            # Not spooled (realtime) go now; the spooled wait for an fsync that covers them, holding
-            # their place in the in-flight window.
-            waiting = {r.request_id for r in spooled}
-            self._submit([r for r in remote if r.request_id not in waiting])
+            # They wait for an fsync that covers them, holding their place in the in-flight window.
             self._reserved += len(spooled)
             return self._after_commit(caller, ack, spooled)
-        self._submit(remote)
+        self._accept(ack, spooled)
         self._reply(caller, ack)
         return None
 
@@ -412,19 +410,21 @@ class EdgeAgent:
                 await self._commit.commit()
             except OSError as exc:
                 self._take_back(ack, spooled, exc)
-                spooled = []
+            else:
+                self._accept(ack, spooled)
             finally:
                 self._reserved -= reserved
-            self._submit(spooled)
             self._reply(caller, ack)
         except Exception:  # a bug here must not go unseen: the task is not awaited by anyone
             log.exception("taking a batch from a local service failed")
 
-    def _submit(self, requests: list[pb.InferRequest]) -> None:
+    def _accept(self, ack: pb.Ack, requests: list[pb.InferRequest]) -> None:
+        """Hand requests to the uplink and list them as accepted in the caller's Ack."""
         if requests:
             assert self.uplink is not None
             self.uplink.submit(requests)
             self.stats.remote += len(requests)
+            ack.accepted_ids.extend(r.request_id for r in requests)
 
     def _take_back(self, ack: pb.Ack, spooled: list[pb.InferRequest], exc: OSError) -> None:
         """The spool could not make ``spooled`` durable: refuse them (retryable) rather than acknowledge
@@ -436,13 +436,9 @@ class EdgeAgent:
             self.spool.ack(ids)
         except OSError as again:  # the disk is failing: a restart may resend them, nobody waits for those
             log.error("spool tombstones failed", error=str(again))
-        refused = set(ids)
         for request in spooled:
             self._callers.pop(request.request_id, None)
             self._refuse(ack, request, "spool fsync failed")
-        kept = [rid for rid in ack.accepted_ids if rid not in refused]
-        del ack.accepted_ids[:]
-        ack.accepted_ids.extend(kept)
 
     def _queue_local(self, caller: bytes, local: dict[tuple[str, str], list[pb.InferRequest]]) -> None:
         for key, batch in local.items():
