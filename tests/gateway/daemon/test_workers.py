@@ -7,6 +7,8 @@ import multiprocessing
 import os
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 
@@ -34,14 +36,21 @@ def sleep_then(seconds: float, value: int) -> int:
     return value
 
 
-@pytest.fixture
-async def pool() -> AsyncIterator[WorkerPool]:
-    workers = WorkerPool(1, multiprocessing.get_context("forkserver"))
+@asynccontextmanager
+async def running(**options: Any) -> AsyncIterator[WorkerPool]:
+    """A started one-worker pool (forkserver), closed afterwards."""
+    workers = WorkerPool(1, multiprocessing.get_context("forkserver"), **options)
     workers.start()
     try:
         yield workers
     finally:
         workers.close()
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[WorkerPool]:
+    async with running() as workers:
+        yield workers
 
 
 async def test_tasks_beyond_the_workers_queue_and_all_complete(pool: WorkerPool) -> None:
@@ -84,14 +93,7 @@ async def test_a_task_past_the_timeout_gets_its_worker_killed_and_the_rest_run()
     """A task running past task_timeout_s fails with TaskTimedOut once its worker is gone; the worker is
     replaced, the task queued behind it is served by the new one, and the timeout is counted."""
     timeouts: list[int] = []
-    workers = WorkerPool(
-        1,
-        multiprocessing.get_context("forkserver"),
-        task_timeout_s=0.4,
-        on_timeout=lambda: timeouts.append(1),
-    )
-    workers.start()
-    try:
+    async with running(task_timeout_s=0.4, on_timeout=lambda: timeouts.append(1)) as workers:
         (victim,) = workers.pids()
         started = time.monotonic()
         hung = workers.submit(sleep_then, 60.0, 1)
@@ -104,21 +106,15 @@ async def test_a_task_past_the_timeout_gets_its_worker_killed_and_the_rest_run()
         assert timeouts == [1]
         assert workers.restarts == 1
         assert workers.pids() != [victim]
-    finally:
-        workers.close()
 
 
 async def test_a_task_within_the_timeout_is_left_alone() -> None:
     """Tasks that each finish inside the timeout are never killed, however many run back to back."""
-    workers = WorkerPool(1, multiprocessing.get_context("forkserver"), task_timeout_s=1.0)
-    workers.start()
-    try:
+    async with running(task_timeout_s=1.0) as workers:
         (pid,) = workers.pids()
         assert await asyncio.gather(*(workers.submit(sleep_then, 0.2, i) for i in range(8))) == list(range(8))
         assert workers.timeouts == 0
         assert workers.pids() == [pid]
-    finally:
-        workers.close()
 
 
 async def test_large_tasks_go_through(pool: WorkerPool) -> None:
