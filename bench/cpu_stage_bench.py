@@ -42,7 +42,8 @@ from gateway.ops.metrics import GatewayMetrics
 from gateway.pipeline import worker
 from gateway.pipeline.base import Pipeline, Prepared
 from gateway.pipeline.registry import pipeline_for
-from gateway.pipeline.text import estimated_tokens, length_bucket
+from gateway.pipeline.text import length_bucket
+from gateway.pipeline.textsize import estimated_tokens
 
 BATCH = 32
 KINDS = {"rank-mlp": "ranking", "text-encoder": "text", "image-classifier": "image"}

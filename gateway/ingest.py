@@ -298,7 +298,8 @@ class Ingest:
         rid = request.request_id
         if not signals:
             signals.update({name: pool.signals(now) for name, pool in self._pools.items()})
-        decision = self._policy.policy.decide(profile_of(request, priority, remaining, frame.region), signals)
+        profile = profile_of(request, priority, remaining, frame.region)
+        decision = self._policy.policy.decide(profile, signals)
         self._decisions_made[(decision.tier.value, decision.pool or "none", decision.reason.value)] += 1
         if decision.rejected or decision.pool is None:
             nack = _REJECT_NACKS.get(decision.reason, pb.NACK_REASON_OVERLOADED)
@@ -313,6 +314,7 @@ class Ingest:
             received=now,
             deadline=None if remaining is None else now + remaining,
             decision=decision,
+            text_tokens=profile.text_tokens,
         )
         pool = self._pools[decision.pool]
         if not pool.submit(item, now):

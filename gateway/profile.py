@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from edgewire import pb
+from gateway.pipeline.textsize import estimated_tokens
 from routing.types import Priority, RequestKind, RequestProfile
 
 _PRIORITY = {
@@ -43,13 +44,15 @@ def profile_of(
 ) -> RequestProfile:
     """What routing needs, read from the request alone (sizes, never contents)."""
     kind = request_kind(request)
-    candidates = width = chars = pixels = elements = 0
+    candidates = width = chars = tokens = pixels = elements = 0
     if kind is RequestKind.RANKING:
         ranking = request.ranking
         candidates = len(ranking.candidate_item_ids)
         width = ranking.candidate_feature_width + len(ranking.user_dense)
     elif kind is RequestKind.TEXT:
-        chars = len(request.text.text)
+        text = request.text.text
+        chars = len(text)
+        tokens = estimated_tokens(text)  # not chars / 4: CJK text has about one token per character
     elif kind is RequestKind.IMAGE:
         pixels = request.image.width * request.image.height
     else:
@@ -67,6 +70,7 @@ def profile_of(
         candidates=candidates,
         feature_width=width,
         text_chars=chars,
+        text_tokens=tokens,
         pixels=pixels,
         tensor_elements=elements,
         client_hint=min(max(request.complexity_hint, 0.0), 1.0),

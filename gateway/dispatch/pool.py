@@ -30,7 +30,7 @@ from gateway.dispatch.work import PRIORITY_ORDER, WorkItem
 from gateway.ops.metrics import GatewayMetrics
 from gateway.pipeline.base import Prepared
 from gateway.pipeline.registry import PADDED_PIPELINES, PipelineDeclarations
-from gateway.pipeline.text import estimated_tokens, length_bucket
+from gateway.pipeline.text import length_bucket
 from routing.types import PoolSignals
 
 log = structlog.get_logger("gateway.dispatch")
@@ -181,7 +181,7 @@ class PoolDispatcher:
         spec = self._spec(item.model, item.version)
         if spec is None or spec.pipeline not in PADDED_PIPELINES:
             return 0
-        return length_bucket(estimated_tokens(item.request.text.text))
+        return length_bucket(item.text_tokens)
 
     def _spec(self, model: str, version: str) -> ModelSpec | None:
         """The backend's spec of the model, with the gateway's ``[pipelines.<model>]`` declaration applied."""

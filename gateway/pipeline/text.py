@@ -13,7 +13,6 @@ actually sent and ``Prepared.truncated`` the requests that were cut (``hkgw_inpu
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Final
 
@@ -24,15 +23,12 @@ from gateway.backends.base import ModelSpec
 from gateway.pipeline import tokenizer
 from gateway.pipeline.base import Prepared
 from gateway.pipeline.tensor import InvalidInput, tensor_from_array
+from gateway.pipeline.textsize import MAX_TEXT_CHARS
 
 PAD_ID: Final = tokenizer.PAD_ID
 CLS_ID: Final = tokenizer.CLS_ID
 LENGTH_BUCKETS: Final = (4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)  # queries: mostly 3-8 tokens
-MAX_TEXT_CHARS: Final = 16_384
-"""Longest text tokenized; a model reads at most a few hundred tokens of it, and this bounds the CPU cost."""
 EMBEDDING = "embedding"
-_CJK: Final = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
-_PIECES: Final = re.compile(f"[{_CJK}]|[^\\W_{_CJK}]+|[^\\w\\s]|_")
 
 
 def tokenize(texts: Sequence[str], spec: ModelSpec) -> tuple[list[np.ndarray], list[bool]]:
@@ -52,13 +48,6 @@ def tokenize(texts: Sequence[str], spec: ModelSpec) -> tuple[list[np.ndarray], l
         [np.asarray(e.ids, dtype=np.int64) for e in encodings],
         [bool(e.overflowing) for e in encodings],
     )
-
-
-def estimated_tokens(text: str) -> int:
-    """A cheap guess of a text's token count without tokenizing (one regex pass, a few microseconds):
-    [CLS], then one per word, per CJK ideograph and per punctuation mark, as the pre-tokenizer splits them
-    (a word the vocabulary splits further counts once). Used to batch texts of one length bucket together."""
-    return 1 + len(_PIECES.findall(text))
 
 
 def length_bucket(length: int) -> int:
