@@ -14,7 +14,7 @@ from collections import Counter, defaultdict
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import structlog
 import zmq
@@ -41,12 +41,19 @@ MAX_FRAMES_TAKING = 64
 one is done, so local services feel the disk's pace."""
 
 
+FAIL_FAST_REASONS: Final = {
+    "round_trip": "realtime deadline shorter than the round trip to HK",
+    "local_busy": "deadline passed before the local model was free",
+}
+"""Why a request was answered DEADLINE_EXCEEDED without being tried: metric label -> caller's message."""
+
+
 @dataclass
 class AgentStats:
     received: int = 0
     local: int = 0
     remote: int = 0
-    failed_fast: Counter[str] = field(default_factory=Counter)
+    failed_fast: Counter[str] = field(default_factory=lambda: Counter(dict.fromkeys(FAIL_FAST_REASONS, 0)))
     refused: int = 0  # nacked at intake: spool full or in-flight window full
     orphan_responses: int = 0  # answers for callers that left (e.g. recovered from the spool)
     orphan_acks: int = 0  # Acks a local caller was not reading (its socket full)
@@ -65,6 +72,7 @@ class EdgeAgent:
         self.spool: Spool | None = None
         self.uplink: Uplink | None = None
         self.http: AgentHttp | None = None
+        self.discovery: GatewayDiscovery | None = None
         self._ctx: zmq.asyncio.Context | None = None
         self._intake: zmq.asyncio.Socket | None = None
         self._callers: dict[bytes, bytes] = {}  # request id -> intake routing id of the caller
@@ -113,8 +121,11 @@ class EdgeAgent:
             self.uplink = Uplink(cfg, codec, self._ctx, self._on_response, self._on_accepted, curve)
             self.uplink.set_endpoints([(c.name, c.endpoint) for c in cfg.carriers])
             self.uplink.start()
-            if cfg.discovery.mode != "static":
-                self._tasks.append(asyncio.create_task(self._discover(), name="discovery"))
+            self.discovery = self._new_discovery()
+            if cfg.discovery.mode == "static":
+                await self.discovery.resolve()  # no DNS: the configured list, counted like any answer
+            else:
+                self._tasks.append(asyncio.create_task(self._discover(self.discovery), name="discovery"))
             self._recover()
             self._intake = self._ctx.socket(zmq.ROUTER)
             self._intake.setsockopt(zmq.LINGER, 0)
@@ -189,10 +200,9 @@ class EdgeAgent:
             raise ValueError(f"{sec.agent_secret_key}: holds no secret key")
         return public, secret, server
 
-    async def _discover(self) -> None:
-        """Follow the gateway's carrier addresses in DNS (respecting TTL); the static list is the fallback."""
+    def _new_discovery(self) -> GatewayDiscovery:
         d = self.config.discovery
-        discovery = GatewayDiscovery(
+        return GatewayDiscovery(
             d.name,
             mode=d.mode,
             port=d.port,
@@ -202,6 +212,9 @@ class EdgeAgent:
             max_ttl_s=d.max_ttl_s,
             timeout_s=d.timeout_s,
         )
+
+    async def _discover(self, discovery: GatewayDiscovery) -> None:
+        """Follow the gateway's carrier addresses in DNS (respecting TTL); the static list is the fallback."""
 
         def changed(found: Discovered) -> None:
             assert self.uplink is not None
@@ -364,9 +377,7 @@ class EdgeAgent:
                     if can_local:
                         local[(request.model_name, request.model_version)].append(request)
                     else:
-                        self._fail_fast(
-                            caller, request, "realtime deadline shorter than the round trip to HK"
-                        )
+                        self._fail_fast(caller, request, "round_trip")
                     continue
             if not self.uplink.has_room(self._reserved + len(direct) + len(spooled) + 1):
                 self._refuse(ack, request, "agent in-flight window full")
@@ -465,7 +476,7 @@ class EdgeAgent:
         live = [(c, r) for c, r in batch if not r.deadline_unix_us or r.deadline_unix_us > wall]
         for caller, request in batch:
             if request.deadline_unix_us and request.deadline_unix_us <= wall:
-                self._fail_fast(caller, request, "deadline passed before the local model was free")
+                self._fail_fast(caller, request, "local_busy")
         if not live:
             return
         try:
@@ -500,11 +511,12 @@ class EdgeAgent:
         )
 
     def _fail_fast(self, caller: bytes, request: pb.InferRequest, reason: str) -> None:
+        """Answer DEADLINE_EXCEEDED now; ``reason`` is a FAIL_FAST_REASONS label."""
         self.stats.failed_fast[reason] += 1
         response = pb.InferResponse(
             request_id=request.request_id,
             status=pb.STATUS_DEADLINE_EXCEEDED,
-            error_message=reason,
+            error_message=FAIL_FAST_REASONS[reason],
             model_name=request.model_name,
         )
         self._send_responses(caller, [response])

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import ipaddress
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -277,6 +278,8 @@ class GatewayDiscovery:
         self._current_until = 0.0
         self._last_good: Discovered | None = None
         self._good_until = 0.0
+        self.answers: Counter[str] = Counter()  # each new answer, by source (srv, address, static, cache)
+        self.failures: Counter[str] = Counter()  # each failed DNS resolution, by FailureReason
 
     @property
     def current(self) -> Discovered | None:
@@ -306,6 +309,9 @@ class GatewayDiscovery:
                 answer = await self._ask_dns()
             self._current = answer
             self._current_until = self._clock() + answer.ttl_s
+            self.answers[answer.source] += 1
+            if answer.reason is not None:
+                self.failures[answer.reason.value] += 1
             return answer
 
     async def watch(self, on_change: Callable[[Discovered], None], stop: asyncio.Event) -> None:

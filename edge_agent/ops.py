@@ -7,18 +7,42 @@ touches them. Labels are bounded: carriers, statuses, reasons; never request ids
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, get_args
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from edge_agent.discovery import DiscoverySource, FailureReason
+
 if TYPE_CHECKING:
-    from edge_agent.agent import EdgeAgent
+    from edge_agent.agent import AgentStats, EdgeAgent
+    from edge_agent.discovery import GatewayDiscovery
+    from edge_agent.spool import Spool
+    from edge_agent.uplink import Uplink
 
 NS = "edge"
+
+
+def _counter(name: str, doc: str, value: float) -> Metric:
+    family = CounterMetricFamily(f"{NS}_{name}", doc)
+    family.add_metric([], value)
+    return family
+
+
+def _gauge(name: str, doc: str, value: float) -> Metric:
+    family = GaugeMetricFamily(f"{NS}_{name}", doc)
+    family.add_metric([], value)
+    return family
+
+
+def _counters(name: str, doc: str, label: str, counts: Iterable[tuple[str, float]]) -> Metric:
+    family = CounterMetricFamily(f"{NS}_{name}", doc, labels=[label])
+    for value, count in counts:
+        family.add_metric([value], count)
+    return family
 
 
 class AgentCollector:
@@ -29,76 +53,110 @@ class AgentCollector:
 
     def collect(self) -> Iterator[Metric]:
         agent = self._agent
-        stats = agent.stats
-        routed = CounterMetricFamily(
-            f"{NS}_requests", "Requests taken from local services, by route", labels=["route"]
+        yield from self._intake(agent.stats)
+        if agent.uplink is not None:
+            yield from self._uplink(agent.uplink, agent.config.uplink.dead_after_s)
+        if agent.discovery is not None:
+            yield from self._discovery(agent.discovery)
+        if agent.spool is not None:
+            yield from self._spool(agent.spool)
+
+    @staticmethod
+    def _intake(stats: AgentStats) -> Iterator[Metric]:
+        yield _counters(
+            "requests",
+            "Requests taken from local services, by route",
+            "route",
+            [
+                ("local", stats.local),
+                ("remote", stats.remote),
+                ("failed_fast", sum(stats.failed_fast.values())),
+                ("refused", stats.refused),
+            ],
         )
-        routed.add_metric(["local"], stats.local)
-        routed.add_metric(["remote"], stats.remote)
-        routed.add_metric(["failed_fast"], sum(stats.failed_fast.values()))
-        routed.add_metric(["refused"], stats.refused)
-        yield routed
-        answered = CounterMetricFamily(
-            f"{NS}_responses", "Answers given to local services", labels=["status"]
+        yield _counters(
+            "failed_fast",
+            "Requests answered DEADLINE_EXCEEDED without being tried, by reason",
+            "reason",
+            sorted(stats.failed_fast.items()),  # every reason, from the start
         )
-        for status, count in sorted(stats.responses.items()):
-            answered.add_metric([status], count)
-        yield answered
-        orphans = CounterMetricFamily(
-            f"{NS}_orphan_responses", "Answers whose caller had gone (e.g. recovered)"
+        yield _counters(
+            "responses", "Answers given to local services", "status", sorted(stats.responses.items())
         )
-        orphans.add_metric([], stats.orphan_responses)
-        yield orphans
-        unread = CounterMetricFamily(
-            f"{NS}_orphan_acks", "Acks not sent because the local caller was not reading (socket full)"
+        yield _counter(
+            "orphan_responses", "Answers whose caller had gone (e.g. recovered)", stats.orphan_responses
         )
-        unread.add_metric([], stats.orphan_acks)
-        yield unread
-        uplink = agent.uplink
-        if uplink is not None:
-            now = time.monotonic()
-            up = GaugeMetricFamily(
-                f"{NS}_carrier_up", "1 while the carrier answers pings", labels=["carrier"]
-            )
-            rtt = GaugeMetricFamily(
-                f"{NS}_carrier_rtt_seconds", "EWMA round trip to Hong Kong", labels=["carrier"]
-            )
-            for name, carrier in sorted(uplink.carriers.items()):
-                up.add_metric([name], 1.0 if carrier.alive(now, agent.config.uplink.dead_after_s) else 0.0)
-                rtt.add_metric([name], carrier.rtt_s)
-            yield up
-            yield rtt
-            inflight = GaugeMetricFamily(f"{NS}_inflight", "Requests sent to Hong Kong and not answered")
-            inflight.add_metric([], uplink.inflight)
-            yield inflight
-            resent = CounterMetricFamily(f"{NS}_resent", "Requests sent again, by reason", labels=["reason"])
-            for reason, count in sorted(uplink.stats.resent.items()):
-                resent.add_metric([reason], count)
-            yield resent
-            dup = CounterMetricFamily(f"{NS}_duplicate_responses", "Second answers from Hong Kong, dropped")
-            dup.add_metric([], uplink.stats.duplicate_responses)
-            yield dup
-            rerun = CounterMetricFamily(
-                f"{NS}_gateway_reexecutions", "Accepted requests resent after a gateway restart"
-            )
-            rerun.add_metric([], uplink.stats.re_executions)
-            yield rerun
-        spool = agent.spool
-        if spool is not None:
-            for name, value, doc in (
-                ("spool_records", spool.live_records, "Requests in the spool, not yet accepted by Hong Kong"),
-                ("spool_bytes", spool.disk_bytes, "Spool size on disk"),
-                ("spool_oldest_age_seconds", spool.oldest_age_s, "Age of the oldest spooled request"),
-            ):
-                gauge = GaugeMetricFamily(f"{NS}_{name}", doc)
-                gauge.add_metric([], value)
-                yield gauge
-            drops = CounterMetricFamily(
-                f"{NS}_spool_drops", "Spool records dropped or skipped, by reason", labels=["reason"]
-            )
-            for reason, count in sorted(spool.drops.items()):
-                drops.add_metric([str(reason)], count)
-            yield drops
+        yield _counter(
+            "orphan_acks",
+            "Acks not sent because the local caller was not reading (socket full)",
+            stats.orphan_acks,
+        )
+
+    @staticmethod
+    def _uplink(uplink: Uplink, dead_after_s: float) -> Iterator[Metric]:
+        now = time.monotonic()
+        up = GaugeMetricFamily(f"{NS}_carrier_up", "1 while the carrier answers pings", labels=["carrier"])
+        rtt = GaugeMetricFamily(
+            f"{NS}_carrier_rtt_seconds", "EWMA round trip to Hong Kong", labels=["carrier"]
+        )
+        for name, carrier in sorted(uplink.carriers.items()):
+            up.add_metric([name], 1.0 if carrier.alive(now, dead_after_s) else 0.0)
+            rtt.add_metric([name], carrier.rtt_s)
+        yield up
+        yield rtt
+        stats = uplink.stats
+        yield _counter("uplink_frames_sent", "Request frames sent to Hong Kong", stats.sent_frames)
+        yield _counter(
+            "uplink_requests_sent", "Requests sent to Hong Kong, resends included", stats.sent_requests
+        )
+        yield _gauge("inflight", "Requests sent to Hong Kong and not answered", uplink.inflight)
+        yield _counters("resent", "Requests sent again, by reason", "reason", sorted(stats.resent.items()))
+        yield _counter(
+            "duplicate_responses", "Second answers from Hong Kong, dropped", stats.duplicate_responses
+        )
+        yield _counter(
+            "gateway_reexecutions", "Accepted requests resent after a gateway restart", stats.re_executions
+        )
+
+    @staticmethod
+    def _discovery(discovery: GatewayDiscovery) -> Iterator[Metric]:
+        yield _counters(
+            "discovery_answers",
+            "Carrier lists discovery produced, by source (cache or static: DNS failed)",
+            "source",
+            [(source, discovery.answers[source]) for source in get_args(DiscoverySource)],
+        )
+        yield _counters(
+            "discovery_failures",
+            "DNS resolutions that failed, by reason",
+            "reason",
+            [(reason.value, discovery.failures[reason.value]) for reason in FailureReason],
+        )
+        current = discovery.current
+        yield _gauge(
+            "discovery_endpoints",
+            "Carrier endpoints in the current answer",
+            len(current.endpoints) if current is not None else 0,
+        )
+
+    @staticmethod
+    def _spool(spool: Spool) -> Iterator[Metric]:
+        yield _gauge(
+            "spool_records", "Requests in the spool, not yet accepted by Hong Kong", spool.live_records
+        )
+        yield _gauge("spool_bytes", "Spool size on disk", spool.disk_bytes)
+        yield _gauge("spool_oldest_age_seconds", "Age of the oldest spooled request", spool.oldest_age_s)
+        yield _counters(
+            "spool_drops",
+            "Spool records dropped or skipped, by reason",
+            "reason",
+            [(str(reason), count) for reason, count in sorted(spool.drops.items())],
+        )
+        yield _gauge(
+            "spool_ignored_files",
+            "Files in the spool directory that are not segments (left alone)",
+            spool.ignored_files,
+        )
 
 
 class AgentHttp:

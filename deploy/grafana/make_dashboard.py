@@ -99,6 +99,17 @@ PANELS = [
         "s",
         [("edge_carrier_rtt_seconds", "{{instance}} {{carrier}}")],
     ),
+    (
+        "Agents: DNS discovery failures, carriers known",
+        "none",
+        [
+            (
+                "sum by (instance, reason) (rate(edge_discovery_failures_total[5m]))",
+                "fail/s {{instance}} {{reason}}",
+            ),
+            ("edge_discovery_endpoints", "carriers {{instance}}"),
+        ],
+    ),
     ("Capture", "none", [("sum by (outcome) (rate(hkgw_capture_records_total[1m]))", "{{outcome}}")]),
 ]
 

@@ -11,7 +11,9 @@ import zmq.asyncio
 
 from edge_agent.agent import EdgeAgent
 from edge_agent.client import EdgeClient
+from edge_agent.discovery import FailureReason
 from edge_agent.drive import drive
+from edge_agent.ops import AgentCollector
 from edge_agent.synthetic import SyntheticTraffic
 from edgewire import FrameCodec, pb
 from gateway.testing import run_gateway, wait_for
@@ -303,5 +305,17 @@ async def test_agent_follows_dns_srv_including_a_ttl_change(models_dir: Path, tm
             )
             await wait_for(lambda: set(uplink.carriers) == {"pccw", "tgt"}, timeout_s=5)
             result = await drive(agent.intake_endpoint, "us-west", 60, rate=200)
+            exported = [
+                (sample.name, sample.labels, sample.value)
+                for family in AgentCollector(agent).collect()
+                for sample in family.samples
+            ]
     assert result.lost == 0
     assert dns_server.query_count(srv, "SRV") >= 2
+    answers = {
+        labels["source"]: value for name, labels, value in exported if name == "edge_discovery_answers_total"
+    }
+    failures = [value for name, _, value in exported if name == "edge_discovery_failures_total"]
+    assert answers["srv"] >= 2 and answers["cache"] == answers["static"] == 0
+    assert len(failures) == len(FailureReason) and sum(failures) == 0
+    assert ("edge_discovery_endpoints", {}, 2) in exported

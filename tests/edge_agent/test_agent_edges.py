@@ -14,6 +14,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from edge_agent.agent import EdgeAgent
 from edge_agent.client import EdgeClient
@@ -63,6 +64,7 @@ async def test_realtime_without_hong_kong_or_local_model_fails_fast(models_dir: 
         elapsed = time.monotonic() - started
     assert {r.status for r in responses} == {pb.STATUS_DEADLINE_EXCEEDED}
     assert all("round trip" in r.error_message for r in responses)
+    assert agent.stats.failed_fast == {"round_trip": 3, "local_busy": 0}
     assert elapsed < 1.0
 
 
@@ -91,8 +93,22 @@ async def test_agent_health_and_metrics(models_dir: Path, tmp_path: Path) -> Non
         "edge_requests_total",
         "edge_responses_total",
         "edge_spool_drops_total",
+        "edge_spool_ignored_files",
     ):
         assert name in body
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(body)
+        for sample in family.samples
+    }
+    assert samples[("edge_uplink_requests_sent_total", ())] >= 50
+    assert (
+        1
+        <= samples[("edge_uplink_frames_sent_total", ())]
+        <= samples[("edge_uplink_requests_sent_total", ())]
+    )
+    for reason in ("round_trip", "local_busy"):  # present before the first one
+        assert samples[("edge_failed_fast_total", (("reason", reason),))] == 0
     promtool = shutil.which("promtool")
     assert promtool
     result = await asyncio.to_thread(

@@ -200,6 +200,8 @@ async def test_answer_is_cached_until_ttl_then_requeried(server: AuthoritativeDN
     clock.now += 1.0
     await discovery.resolve()
     assert server.query_count(SRV_NAME, "SRV") == 2
+    assert discovery.answers == {"srv": 2}  # answers from within the TTL are not new answers
+    assert not discovery.failures
 
 
 async def test_watch_picks_up_answer_set_change_after_ttl(server: AuthoritativeDNS) -> None:
@@ -275,6 +277,10 @@ async def test_server_down_serves_cache_within_grace_then_static() -> None:
         assert fallback.source == "static"
         assert fallback.endpoints == tuple(STATIC)
         assert fallback.error
+        # What the agent exports as edge_discovery_answers_total / edge_discovery_failures_total.
+        assert discovery.answers == {"srv": 1, "cache": 1, "static": 1}
+        assert sum(discovery.failures.values()) == 2
+        assert set(discovery.failures) <= {FailureReason.NO_NAMESERVERS.value, FailureReason.TIMEOUT.value}
 
 
 async def test_cached_answer_is_retried_after_min_ttl() -> None:
