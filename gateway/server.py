@@ -21,7 +21,7 @@ import zmq.asyncio
 
 import gateway.backends.builtin  # noqa: F401  (registers the built-in backend types)
 from edgewire import CodecLimits, DictionaryStore, FrameCodec
-from gateway.backends.base import Backend, create
+from gateway.backends.base import Backend, Rescanning, create
 from gateway.capture.recorder import CaptureRecorder
 from gateway.capture.redact import Redactor
 from gateway.config import GatewayConfig, load_config
@@ -75,6 +75,9 @@ class Gateway:
         self.carriers: dict[str, CarrierIngress] = {}
         self.pools: dict[str, PoolDispatcher] = {}
         self.backends: dict[str, Backend] = {}
+        self.metrics.count_rescan_failures(
+            lambda: {n: b.rescan_failures for n, b in self.backends.items() if isinstance(b, Rescanning)}
+        )
         self.ingest: Ingest | None = None
         self.http: HealthServer | None = None
         self._ctx: zmq.asyncio.Context | None = None

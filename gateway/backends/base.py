@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -133,6 +133,14 @@ class Backend(Protocol):
     def health(self) -> BackendHealth: ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class Rescanning(Protocol):
+    """A backend that re-reads its model repository periodically (``onnx``): failed rescans are counted
+    (the models already loaded stay served) and exported as ``hkgw_backend_rescan_failures_total``."""
+
+    rescan_failures: int
 
 
 BackendFactory = Callable[[str, Mapping[str, Any]], Backend]

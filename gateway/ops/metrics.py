@@ -6,10 +6,11 @@ enums; reasons from wire or routing enums. Agent ids, request ids and tenants ar
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 
 from routing.regions import REGION_NAMES, UNKNOWN_REGION
@@ -22,6 +23,19 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 OTHER = "other"
 M = TypeVar("M", Counter, Gauge, Histogram)
+
+
+class _ReadCounters:
+    """A labelled counter whose values live elsewhere and are read at scrape time."""
+
+    def __init__(self, name: str, doc: str, label: str, read: Callable[[], Mapping[str, int]]) -> None:
+        self._name, self._doc, self._label, self._read = name, doc, label, read
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(self._name, self._doc, labels=[self._label])
+        for value, count in sorted(self._read().items()):
+            family.add_metric([value], count)
+        yield family
 
 
 class LabelGuard:
@@ -207,6 +221,17 @@ class GatewayMetrics:
             f"{NS}_capture_written_bytes", "Compressed bytes written to capture files", registry=r
         )
         self.capture_active = Gauge(f"{NS}_capture_active", "1 while traffic capture is on", registry=r)
+
+    def count_rescan_failures(self, read: Callable[[], Mapping[str, int]]) -> None:
+        """Export ``read()`` (backend name -> failed periodic repository rescans) at each scrape."""
+        self.registry.register(
+            _ReadCounters(
+                f"{NS}_backend_rescan_failures",
+                "Periodic model repository rescans that failed (the loaded models stay served)",
+                "backend",
+                read,
+            )
+        )
 
     def child(self, metric: M, *labels: str) -> M:
         """``metric.labels(*labels)``, cached: the label sets are bounded and the hot path asks often."""

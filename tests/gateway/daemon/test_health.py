@@ -11,6 +11,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from edgewire import pb
 from gateway.ops.health import CarrierState, Hysteresis
 from gateway.server import Gateway
 from gateway.testing import WireClient, run_gateway, wait_for
@@ -129,6 +130,26 @@ async def test_metrics_scrape_passes_promtool(models_dir: Path, tmp_path: Path) 
         subprocess.run, command, input=body, capture_output=True, text=True, timeout=30, check=False
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+async def test_failed_repository_rescans_are_exported(models_dir: Path, tmp_path: Path) -> None:
+    """A model config broken at run time fails the ONNX backend's periodic rescans: counted per backend
+    in hkgw_backend_rescan_failures_total (0 before), while the loaded models keep serving."""
+    repository = tmp_path / "models"
+    shutil.copytree(models_dir, repository)
+    backends = {"embedded": {"repository": str(repository), "rescan_interval_s": 0.05}}
+    async with run_gateway(models_dir=models_dir, backends=backends) as gw:
+        registry = gw.metrics.registry
+
+        def failures() -> float | None:
+            return registry.get_sample_value("hkgw_backend_rescan_failures_total", {"backend": "embedded"})
+
+        assert failures() == 0.0
+        (repository / "rank-mlp" / "config.pbtxt").write_text("max_batch_size: {")
+        await wait_for(lambda: (failures() or 0.0) >= 1.0)
+        async with WireClient(gw.endpoint("hgc")) as agent:
+            responses = await agent.infer(synthetic(10, seed=4))
+    assert all(r.status == pb.STATUS_OK for r in responses), [r.error_message for r in responses]
 
 
 @pytest.mark.parametrize(
