@@ -122,12 +122,15 @@ def _run(args: argparse.Namespace) -> int:
         for key, message in exc.problems:
             print(f"edge-agent: config: {key}: {message}", file=sys.stderr)
         return 2
-    from gateway.config import LoggingConfig
     from gateway.ops.logs import configure_logging
     from gateway.ops.runtime import run_main
 
-    # Logs go to stderr (JSON off a terminal), so stdout carries only the --synthetic summary.
-    configure_logging(LoggingConfig(format="auto", level="warning" if args.synthetic else "info"))
+    # Logs go to stderr (JSON off a terminal), so stdout carries only the --synthetic summary, which a
+    # run's info lines would drown unless the config asks for them.
+    logging = config.logging
+    if args.synthetic and "level" not in logging.model_fields_set:
+        logging = logging.model_copy(update={"level": "warning"})
+    configure_logging(logging)
     return run_main(_serve(config, args))
 
 

@@ -164,7 +164,8 @@ async def test_agent_speaks_curve_to_a_curve_gateway(models_dir: Path, tmp_path:
 
 
 async def test_cli_synthetic_run_reports_json_with_nothing_lost(models_dir: Path, tmp_path: Path) -> None:
-    """`edge-agent --config F --synthetic N --json` drives N requests through a real agent and gateway."""
+    """`edge-agent --config F --synthetic N --json` drives N requests through a real agent and gateway; the
+    config's [logging] section sets the log level and format."""
     import json
 
     async with run_gateway(models_dir=models_dir) as gw:
@@ -182,12 +183,18 @@ repository = "{models_dir}"
 directory = "{tmp_path / "spool"}"
 [http]
 port = 0
+[logging]
+format = "json"
+level = "info"
 """)
         proc = await spawn_agent(
             config, "--synthetic", "80", "--rate", "200", "--json", capture=True, new_session=False
         )
         out, err = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode == 0, err.decode()[-2000:]
+    # [logging] level = "info" wins over --synthetic's quieter default; stdout stays the summary alone.
+    levels = {json.loads(line)["level"] for line in err.decode().splitlines() if line.startswith("{")}
+    assert "info" in levels, err.decode()[-2000:]
     summary = json.loads(out.decode())
     assert summary["sent"] == 80
     assert summary["lost"] == 0
