@@ -428,3 +428,44 @@ async def test_frames_waiting_for_their_fsync_count_against_the_in_flight_window
     assert statuses[pb.STATUS_OK] + statuses[pb.STATUS_OVERLOADED] == 20
     refused = [r for frame in answers for r in frame if r.status == pb.STATUS_OVERLOADED]
     assert all("in-flight window full" in r.error_message for r in refused)
+
+
+async def test_a_lost_dictionary_response_is_asked_for_again(models_dir: Path, tmp_path: Path) -> None:
+    """A gateway that prefers a dictionary but never answers the DictionaryRequest (the response lost) is
+    asked again at a Pong 5 s later, not once per process; the agent stays on plain zstd meanwhile."""
+    import zmq
+    import zmq.asyncio
+
+    from edgewire import FrameCodec
+
+    codec = FrameCodec()
+    context = zmq.asyncio.Context()
+    router = context.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    asked: list[float] = []
+
+    async def fake_gateway() -> None:
+        """Pongs preferring dictionary 7; DictionaryRequests counted and dropped."""
+        while True:
+            routing_id, *body = await router.recv_multipart()
+            decoded = codec.decode(body)
+            if isinstance(decoded.payload, pb.Ping):
+                ping = decoded.payload
+                pong = pb.Pong(nonce=ping.nonce, dict_ids=[7], preferred_dict_id=7, gateway_epoch=1)
+                await router.send_multipart([routing_id, *codec.encode(pong, agent_id="hk", region="hk")])
+            elif isinstance(decoded.payload, pb.DictionaryRequest):
+                assert decoded.payload.dict_id == 7
+                asked.append(time.monotonic())
+
+    server = asyncio.create_task(fake_gateway())
+    try:
+        config = agent_config({"hgc": f"tcp://127.0.0.1:{port}"}, models_dir, tmp_path / "spool")
+        async with EdgeAgent(config) as agent:
+            await wait_for(lambda: len(asked) >= 2, timeout_s=15)
+            assert agent.uplink is not None and agent.uplink.dict_id == 0
+    finally:
+        server.cancel()
+        router.close(0)
+        context.term()
+    assert asked[1] - asked[0] >= 4.9  # not before the 5 s an answer may take
