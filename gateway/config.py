@@ -127,6 +127,21 @@ class SecurityConfig(_Section):
 class HttpConfig(_Section):
     host: str = "127.0.0.1"
     port: int = Field(default=9102, ge=0, le=65535)
+    # A file holding the bearer token the /admin routes require (Authorization: Bearer <token>); None =
+    # no token (then bind host to a management address only). Read at start, like the key files; never
+    # logged.
+    admin_token_file: Path | None = None
+
+
+def read_admin_token(path: Path) -> str:
+    """The token in ``path`` (surrounding whitespace dropped); a ValueError says why it is unusable."""
+    try:
+        token = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from None
+    if len(token) < 16:
+        raise ValueError(f"{path}: the token must be at least 16 characters")
+    return token
 
 
 class LimitsConfig(_Section):

@@ -24,7 +24,7 @@ from edgewire import CodecLimits, DictionaryStore, FrameCodec
 from gateway.backends.base import Backend, Rescanning, create
 from gateway.capture.recorder import CaptureRecorder
 from gateway.capture.redact import Redactor
-from gateway.config import GatewayConfig, load_config
+from gateway.config import GatewayConfig, load_config, read_admin_token
 from gateway.dispatch.breaker import CircuitBreaker
 from gateway.dispatch.cpu import CpuStage, default_workers
 from gateway.dispatch.pool import PoolDispatcher
@@ -189,21 +189,7 @@ class Gateway:
                     ) from exc
                 self.carriers[carrier_cfg.name] = carrier
             self._evaluate_health()
-            self.http = HealthServer(
-                cfg.http.host,
-                cfg.http.port,
-                lambda: self._snapshot,
-                self.metrics,
-                self._set_carrier_enabled_threadsafe,
-                stale_after_s=max(2.0, 4 * cfg.health.interval_s),
-                set_capture=self._set_capture,
-            )
-            try:
-                self.http.start()
-            except OSError as exc:
-                raise GatewayStartError(
-                    f"http: cannot listen on {cfg.http.host}:{cfg.http.port}: {exc}"
-                ) from exc
+            http = self._start_http()
             self._tasks.append(asyncio.create_task(self._health_loop(), name="health"))
             if self.notifier.watchdog_s:
                 self._tasks.append(asyncio.create_task(self._watchdog_loop(), name="watchdog"))
@@ -215,7 +201,7 @@ class Gateway:
             "gateway ready",
             instance=cfg.instance,
             carriers={n: c.endpoint for n, c in self.carriers.items()},
-            http_port=self.http.port,
+            http_port=http.port,
             pools=sorted(self.pools),
         )
 
@@ -374,6 +360,30 @@ class Gateway:
     def _observe_latency(self, item: WorkItem, service_s: float) -> None:
         if item.decision.pool is not None and item.decision.pool in self.policy.policy.pool_names:
             self.policy.policy.observe(item.model, item.decision, service_s)
+
+    def _start_http(self) -> HealthServer:
+        """Health, metrics and admin routes on their own thread (gateway/ops/http.py)."""
+        cfg = self.config
+        token_file = cfg.http.admin_token_file
+        try:
+            admin_token = None if token_file is None else read_admin_token(token_file)
+        except ValueError as exc:
+            raise GatewayStartError(f"http.admin_token_file: {exc}") from exc
+        self.http = http = HealthServer(
+            cfg.http.host,
+            cfg.http.port,
+            lambda: self._snapshot,
+            self.metrics,
+            self._set_carrier_enabled_threadsafe,
+            stale_after_s=max(2.0, 4 * cfg.health.interval_s),
+            set_capture=self._set_capture,
+            admin_token=admin_token,
+        )
+        try:
+            http.start()
+        except OSError as exc:
+            raise GatewayStartError(f"http: cannot listen on {cfg.http.host}:{cfg.http.port}: {exc}") from exc
+        return http
 
     # ------------------------------------------------------------------ health
 

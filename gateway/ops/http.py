@@ -7,9 +7,10 @@ a GeoDNS probe's timeout. It reads only the latest health snapshot and the metri
 from __future__ import annotations
 
 import asyncio
+import hmac
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -19,6 +20,7 @@ from gateway.ops.metrics import GatewayMetrics
 
 # PowerDNS ifurlup needs exactly 200 and Route 53 matches on the first 5120 bytes: keep bodies short.
 _TEXT = "text/plain"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class HealthServer:
@@ -33,7 +35,9 @@ class HealthServer:
         set_carrier_enabled: Callable[[str, bool], bool],
         stale_after_s: float,
         set_capture: Callable[[float], float] | None = None,
+        admin_token: str | None = None,
     ) -> None:
+        """``admin_token``: when set, the /admin routes need ``Authorization: Bearer <token>``."""
         self._host = host
         self._port = port
         self._snapshot = snapshot
@@ -41,6 +45,7 @@ class HealthServer:
         self._set_enabled = set_carrier_enabled
         self._stale_after_s = stale_after_s
         self._set_capture = set_capture
+        self._admin_token = None if admin_token is None else admin_token.encode()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -72,7 +77,7 @@ class HealthServer:
         loop.close()
 
     async def _serve(self) -> None:
-        app = web.Application()
+        app = web.Application(middlewares=[self._admin_guard])
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/health/carriers/{name}", self._carrier)
@@ -138,6 +143,28 @@ class HealthServer:
     async def _metrics_handler(self, request: web.Request) -> web.Response:
         body = self._metrics.render()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    @web.middleware
+    async def _admin_guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """/admin routes need the bearer token when one is configured; 401 (counted) otherwise."""
+        resource = request.match_info.route.resource  # the route matched, however the path was spelt
+        if (
+            self._admin_token is not None
+            and resource is not None
+            and resource.canonical.startswith("/admin/")
+        ):
+            scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+            token = given.strip().encode()
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token, self._admin_token):
+                reason = "missing" if not token else "wrong"
+                self._metrics.child(self._metrics.admin_refused, reason).inc()
+                return web.Response(
+                    status=401,
+                    text="admin routes need Authorization: Bearer <token>\n",
+                    content_type=_TEXT,
+                    headers={"WWW-Authenticate": 'Bearer realm="hk-gateway admin"'},
+                )
+        return await handler(request)
 
     async def _admin_carrier(self, request: web.Request) -> web.Response:
         name, action = request.match_info["name"], request.match_info["action"]

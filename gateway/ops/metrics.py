@@ -220,6 +220,14 @@ class GatewayMetrics:
         self.capture_bytes = Counter(
             f"{NS}_capture_written_bytes", "Compressed bytes written to capture files", registry=r
         )
+        self.admin_refused = Counter(
+            f"{NS}_admin_refused",
+            "Admin HTTP requests refused for a missing or wrong bearer token",
+            ["reason"],
+            registry=r,
+        )
+        for reason in ("missing", "wrong"):
+            self.admin_refused.labels(reason)
         self.capture_active = Gauge(f"{NS}_capture_active", "1 while traffic capture is on", registry=r)
 
     def count_rescan_failures(self, read: Callable[[], Mapping[str, int]]) -> None:

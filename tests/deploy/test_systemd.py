@@ -59,3 +59,36 @@ def test_gateway_unit_gives_the_drain_time_to_finish() -> None:
     assert stop > config["drain_timeout_s"] + config["drain_grace_s"] + 5
     assert re.search(r"^Type=notify$", unit, re.M) and re.search(r"^WatchdogSec=\d+s$", unit, re.M)
     assert re.search(r"^CPUQuota=1600%$", unit, re.M)  # at most 16 logical cores
+
+
+@pytest.mark.parametrize(
+    ("config", "unit", "instance", "secrets"),
+    [
+        (
+            "hk-gateway.example.toml",
+            "hk-gateway.service",
+            "hk-gateway.service",
+            [("security", "server_secret_key"), ("http", "admin_token_file"), ("capture", "redact_key_file")],
+        ),
+        (
+            "edge-agent.example.toml",
+            "edge-agent@.service",
+            "edge-agent@us-west.service",
+            [("security", "agent_secret_key")],
+        ),
+    ],
+)
+def test_secret_files_reach_the_dynamic_user_as_credentials(
+    config: str, unit: str, instance: str, secrets: list[tuple[str, str]]
+) -> None:
+    """The units run as a DynamicUser, which cannot read root-only (0600) key files: every secret the
+    example config names is a credential of its unit (LoadCredential; /run/credentials/<unit>/<id>)."""
+    settings = tomllib.loads((DEPLOY / config).read_text())
+    loaded = dict(
+        re.findall(r"^LoadCredential=([^:\n]+):(\S+)$", (DEPLOY / "systemd" / unit).read_text(), re.M)
+    )
+    for section, key in secrets:
+        path = Path(settings[section][key])
+        assert path.parent == Path("/run/credentials") / instance, (section, key, path)
+        assert path.name in loaded, (section, key, sorted(loaded))
+        assert loaded[path.name].startswith(("/etc/hk-gateway/", "/etc/edge-agent/"))

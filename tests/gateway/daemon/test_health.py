@@ -13,7 +13,7 @@ import pytest
 
 from edgewire import pb
 from gateway.ops.health import CarrierState, Hysteresis
-from gateway.server import Gateway
+from gateway.server import Gateway, GatewayStartError
 from gateway.testing import WireClient, run_gateway, wait_for
 from tests.gateway.daemon.test_dispatch import backend, split_backends
 from tests.gateway.daemon.test_serving import synthetic
@@ -64,6 +64,56 @@ async def test_carrier_health_walks_through_every_state(models_dir: Path) -> Non
         status, body = await wait_status(gw, "tgt", "DOWN")
         assert (status, body.split()[0]) == (503, "STATUS:DOWN")
         assert (await get(gw, "/health/carriers/nope"))[0] == 404
+
+
+async def test_admin_routes_need_the_bearer_token_when_one_is_configured(
+    models_dir: Path, tmp_path: Path
+) -> None:
+    """With http.admin_token_file, /admin answers 401 without the token or with a wrong one (counted by
+    reason), however the path is spelt, and obeys with it; health and metrics need no token."""
+    token_file = tmp_path / "admin-token"
+    token_file.write_text("s3cret-token-0123456789\n")
+    async with run_gateway(models_dir=models_dir, http={"admin_token_file": str(token_file)}) as gw:
+        assert gw.http is not None
+        base = f"http://127.0.0.1:{gw.http.port}"
+        disable = f"{base}/admin/carriers/pccw/disable"
+        async with aiohttp.ClientSession() as session:
+            for url, headers in (
+                (disable, {}),
+                (disable, {"Authorization": "Bearer wrong-token-0123456789"}),
+                (disable, {"Authorization": "Basic s3cret-token-0123456789"}),
+                (f"{base}/%61dmin/capture?seconds=0", {}),
+            ):
+                async with session.post(url, headers=headers) as resp:
+                    assert resp.status in (401, 404), (url, headers, resp.status)
+                    if resp.status == 401:
+                        assert resp.headers["WWW-Authenticate"].startswith("Bearer")
+            assert (await get(gw, "/health/carriers/pccw"))[0] == 200  # nothing was disabled
+            async with session.post(
+                disable, headers={"Authorization": "Bearer s3cret-token-0123456789"}
+            ) as resp:
+                assert resp.status == 200
+        assert (await wait_status(gw, "pccw", "DRAINING"))[0] == 503
+        assert (await get(gw, "/healthz"))[0] == 200
+        assert (await get(gw, "/metrics"))[0] == 200
+        registry = gw.metrics.registry
+        missing = registry.get_sample_value("hkgw_admin_refused_total", {"reason": "missing"})
+        wrong = registry.get_sample_value("hkgw_admin_refused_total", {"reason": "wrong"})
+    assert wrong == 2 and missing is not None and missing >= 1
+
+
+@pytest.mark.parametrize(("content", "words"), [(None, "cannot read"), ("abc\n", "at least 16")])
+async def test_an_unusable_admin_token_file_stops_the_start(
+    models_dir: Path, tmp_path: Path, content: str | None, words: str
+) -> None:
+    """A missing token file or a short token fails the start, naming the key (never a gateway whose /admin
+    is open because its token could not be read)."""
+    path = tmp_path / "admin-token"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(GatewayStartError, match=f"http.admin_token_file: .*{words}"):
+        async with run_gateway(models_dir=models_dir, http={"admin_token_file": str(path)}):
+            pass
 
 
 async def test_drain_turns_every_carrier_draining_at_once(models_dir: Path) -> None:
