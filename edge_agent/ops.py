@@ -7,7 +7,7 @@ touches them. Labels are bounded: carriers, statuses, reasons; never request ids
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, get_args
 
 from aiohttp import web
@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from edge_agent.discovery import DiscoverySource, FailureReason
+from edgewire import labels
 
 if TYPE_CHECKING:
     from edge_agent.agent import AgentStats, EdgeAgent
@@ -43,6 +44,11 @@ def _counters(name: str, doc: str, label: str, counts: Iterable[tuple[str, float
     for value, count in counts:
         family.add_metric([value], count)
     return family
+
+
+def _known(table: Mapping[int, str]) -> list[str]:
+    """A wire enum's labels, UNSPECIFIED left out, ``other`` (a value newer than this agent) added."""
+    return [label for value, label in sorted(table.items()) if value] + ["other"]
 
 
 class AgentCollector:
@@ -111,6 +117,18 @@ class AgentCollector:
         )
         yield _gauge("inflight", "Requests sent to Hong Kong and not answered", uplink.inflight)
         yield _counters("resent", "Requests sent again, by reason", "reason", sorted(stats.resent.items()))
+        yield _counters(
+            "frames_rejected",
+            "Request frames Hong Kong refused whole, by reason (resent, split or failed per request)",
+            "reason",
+            [(reason, stats.frames_rejected[reason]) for reason in _known(labels.REJECT)],
+        )
+        yield _counters(
+            "nacks",
+            "Requests Hong Kong refused at intake, by reason (overloaded and draining are resent)",
+            "reason",
+            [(reason, stats.nacks[reason]) for reason in _known(labels.NACK)],
+        )
         yield _counter(
             "duplicate_responses", "Second answers from Hong Kong, dropped", stats.duplicate_responses
         )

@@ -30,7 +30,7 @@ import zmq
 import zmq.asyncio
 
 from edge_agent.config import AgentConfig
-from edgewire import DictionaryError, FrameCodec, FrameError, new_id, now_unix_us, pb
+from edgewire import DictionaryError, FrameCodec, FrameError, labels, new_id, now_unix_us, pb
 
 log = structlog.get_logger("edge_agent.uplink")
 
@@ -102,6 +102,10 @@ class UplinkStats:
     resent: Counter[str] = field(default_factory=Counter)  # reason -> requests resent
     duplicate_responses: int = 0
     re_executions: int = 0
+    frames_rejected: Counter[str] = field(
+        default_factory=Counter
+    )  # whole frames the gateway refused, by reason
+    nacks: Counter[str] = field(default_factory=Counter)  # requests the gateway refused, by reason
 
 
 class Uplink:
@@ -391,6 +395,7 @@ class Uplink:
     def _on_ack(self, carrier: Carrier, ack: pb.Ack) -> None:
         frame = self._frames.pop(ack.acked_message_id, None)
         if ack.frame_reject:
+            self.stats.frames_rejected[labels.REJECT.get(ack.frame_reject, "other")] += 1
             ids = frame.ids if frame else []
             if ack.frame_reject == pb.REJECT_REASON_UNKNOWN_DICTIONARY:
                 self.dict_id = 0  # resend without one; the next Pong says what the gateway decodes
@@ -424,6 +429,7 @@ class Uplink:
             self._on_accepted(list(accepted))
         now = self._clock()
         for nack in ack.nacks:
+            self.stats.nacks[labels.NACK.get(nack.reason, "other")] += 1
             if nack.reason in RETRYABLE_NACKS:
                 self._resend(
                     [nack.request_id],

@@ -14,6 +14,7 @@ def _labels(enum: Any, prefix: str) -> Mapping[int, str]:
 
 STATUS: Final = _labels(pb.Status, "STATUS_")
 NACK: Final = _labels(pb.NackReason, "NACK_REASON_")
+REJECT: Final = _labels(pb.RejectReason, "REJECT_REASON_")
 TIER: Final = _labels(pb.Tier, "TIER_")
 MESSAGE_KIND: Final = _labels(pb.MessageKind, "MESSAGE_KIND_")
 REQUEST_KIND: Final = _labels(pb.RequestKind, "REQUEST_KIND_")

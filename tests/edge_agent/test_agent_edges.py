@@ -10,15 +10,19 @@ import stat
 import subprocess
 import time
 from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import aiohttp
 import pytest
+from google.protobuf.message import Message
 from prometheus_client.parser import text_string_to_metric_families
 
 from edge_agent.agent import EdgeAgent
 from edge_agent.client import EdgeClient
 from edge_agent.drive import drive
+from edge_agent.ops import AgentCollector
 from edge_agent.synthetic import SyntheticTraffic
 from edgewire import pb
 from gateway.testing import run_gateway, wait_for
@@ -430,9 +434,12 @@ async def test_frames_waiting_for_their_fsync_count_against_the_in_flight_window
     assert all("in-flight window full" in r.error_message for r in refused)
 
 
-async def test_a_lost_dictionary_response_is_asked_for_again(models_dir: Path, tmp_path: Path) -> None:
-    """A gateway that prefers a dictionary but never answers the DictionaryRequest (the response lost) is
-    asked again at a Pong 5 s later, not once per process; the agent stays on plain zstd meanwhile."""
+@asynccontextmanager
+async def fake_gateway(
+    answer: Callable[[pb.Envelope, Message], Message | None], pong: pb.Pong | None = None
+) -> AsyncIterator[str]:
+    """A scripted gateway on a loopback ROUTER (yields its endpoint): Pings get ``pong`` (with their nonce),
+    any other message ``answer(envelope, payload)`` when that returns a message."""
     import zmq
     import zmq.asyncio
 
@@ -443,29 +450,99 @@ async def test_a_lost_dictionary_response_is_asked_for_again(models_dir: Path, t
     router = context.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
     port = router.bind_to_random_port("tcp://127.0.0.1")
-    asked: list[float] = []
 
-    async def fake_gateway() -> None:
-        """Pongs preferring dictionary 7; DictionaryRequests counted and dropped."""
+    async def serve() -> None:
         while True:
             routing_id, *body = await router.recv_multipart()
             decoded = codec.decode(body)
+            reply: Message | None
             if isinstance(decoded.payload, pb.Ping):
-                ping = decoded.payload
-                pong = pb.Pong(nonce=ping.nonce, dict_ids=[7], preferred_dict_id=7, gateway_epoch=1)
-                await router.send_multipart([routing_id, *codec.encode(pong, agent_id="hk", region="hk")])
-            elif isinstance(decoded.payload, pb.DictionaryRequest):
-                assert decoded.payload.dict_id == 7
-                asked.append(time.monotonic())
+                reply = pb.Pong(gateway_epoch=1)
+                if pong is not None:
+                    reply.CopyFrom(pong)
+                reply.nonce = decoded.payload.nonce
+            else:
+                reply = answer(decoded.envelope, decoded.payload)
+            if reply is not None:
+                await router.send_multipart([routing_id, *codec.encode(reply, agent_id="hk", region="hk")])
 
-    server = asyncio.create_task(fake_gateway())
+    server = asyncio.create_task(serve())
     try:
-        config = agent_config({"hgc": f"tcp://127.0.0.1:{port}"}, models_dir, tmp_path / "spool")
-        async with EdgeAgent(config) as agent:
-            await wait_for(lambda: len(asked) >= 2, timeout_s=15)
-            assert agent.uplink is not None and agent.uplink.dict_id == 0
+        yield f"tcp://127.0.0.1:{port}"
     finally:
         server.cancel()
         router.close(0)
         context.term()
+
+
+async def test_a_lost_dictionary_response_is_asked_for_again(models_dir: Path, tmp_path: Path) -> None:
+    """A gateway that prefers a dictionary but never answers the DictionaryRequest (the response lost) is
+    asked again at a Pong 5 s later, not once per process; the agent stays on plain zstd meanwhile."""
+    asked: list[float] = []
+
+    def drop(envelope: pb.Envelope, payload: Message) -> Message | None:
+        if isinstance(payload, pb.DictionaryRequest):
+            assert payload.dict_id == 7
+            asked.append(time.monotonic())
+        return None
+
+    pong = pb.Pong(dict_ids=[7], preferred_dict_id=7, gateway_epoch=1)
+    async with fake_gateway(drop, pong) as endpoint:
+        config = agent_config({"hgc": endpoint}, models_dir, tmp_path / "spool")
+        async with EdgeAgent(config) as agent:
+            await wait_for(lambda: len(asked) >= 2, timeout_s=15)
+            assert agent.uplink is not None and agent.uplink.dict_id == 0
     assert asked[1] - asked[0] >= 4.9  # not before the 5 s an answer may take
+
+
+async def test_gateway_refusals_are_counted_by_reason(models_dir: Path, tmp_path: Path) -> None:
+    """A frame refused whole (unsupported_version: misconfiguration, not resent) fails its requests
+    INTERNAL; a nacked request (unknown_model) gets its final status; the agent's metrics count both by
+    reason, every reason present from the start."""
+    frames: list[pb.RequestBatch] = []
+
+    def refuse(envelope: pb.Envelope, payload: Message) -> Message | None:
+        if not isinstance(payload, pb.RequestBatch):
+            return None
+        frames.append(payload)
+        if len(frames) == 1:
+            return pb.Ack(
+                acked_message_id=envelope.message_id,
+                frame_reject=pb.REJECT_REASON_UNSUPPORTED_VERSION,
+                frame_reject_detail="test",
+            )
+        nacks = [
+            pb.Nack(request_id=r.request_id, reason=pb.NACK_REASON_UNKNOWN_MODEL, detail="test")
+            for r in payload.requests
+        ]
+        return pb.Ack(acked_message_id=envelope.message_id, nacks=nacks)
+
+    request = next(
+        r.request for r in SyntheticTraffic(3).take(50) if r.request.kind == pb.REQUEST_KIND_RANKING
+    )
+    request.priority = pb.PRIORITY_CLASS_BATCH
+    async with fake_gateway(refuse) as endpoint:
+        config = agent_config({"hgc": endpoint}, models_dir, tmp_path / "spool", local={"enabled": False})
+        async with EdgeAgent(config) as agent, EdgeClient(agent.intake_endpoint) as client:
+            assert agent.uplink is not None
+            uplink = agent.uplink
+            await wait_for(lambda: uplink.best() is not None)
+            statuses = []
+            for _ in range(2):
+                request.request_id = b""
+                [response] = await client.infer_many([request], deadline_s=10)
+                statuses.append(response.status)
+            exported = {
+                (sample.name, sample.labels.get("reason")): sample.value
+                for family in AgentCollector(agent).collect()
+                for sample in family.samples
+                if sample.name in ("edge_frames_rejected_total", "edge_nacks_total")
+            }
+    assert statuses == [pb.STATUS_INTERNAL, pb.STATUS_MODEL_NOT_FOUND]
+    assert exported[("edge_frames_rejected_total", "unsupported_version")] == 1
+    assert exported[("edge_nacks_total", "unknown_model")] == 1
+    assert sum(exported.values()) == 2
+    assert ("edge_nacks_total", "overloaded") in exported and (
+        "edge_frames_rejected_total",
+        "other",
+    ) in exported
