@@ -28,6 +28,7 @@ from edge_agent.ops import AgentHttp
 from edge_agent.spool import GroupCommit, Spool
 from edge_agent.uplink import Uplink, send_nowait
 from edgewire import DictionaryStore, FrameCodec, FrameError, is_valid_id, labels, new_id, now_unix_us, pb
+from gateway.ops.logs import configure_logging
 from gateway.profile import profile_of, wire_priority
 from routing.holder import PolicyHolder
 from routing.types import Priority, Tier
@@ -67,6 +68,7 @@ class EdgeAgent:
         self.config = config
         self._curve = curve
         self.policy = PolicyHolder(config.routing)
+        self._logging = config.logging  # as the CLI configured it; SIGHUP may change it
         self.stats = AgentStats()
         self.local: LocalTier | None = None
         self.spool: Spool | None = None
@@ -177,14 +179,19 @@ class EdgeAgent:
         return self.uplink.inflight if self.uplink else 0
 
     def reload(self, path: Path | None) -> bool:
-        """SIGHUP: re-read the config file and apply its routing policy; on any error keep the running one."""
+        """SIGHUP: re-read the config file and apply its routing policy and logging; on any error keep the
+        running ones."""
         try:
             fresh = load_config(path, overrides={"region": self.config.region})
             changed = self.policy.apply(fresh.routing)
         except Exception as exc:  # noqa: BLE001  (any reload failure keeps the running policy)
             log.error("reload failed; keeping the running config", error=str(exc))
             return False
-        log.info("reloaded", policy_changed=changed)
+        logging_changed = fresh.logging != self._logging
+        if logging_changed:
+            configure_logging(fresh.logging)
+            self._logging = fresh.logging
+        log.info("reloaded", policy_changed=changed, logging_changed=logging_changed)
         return True
 
     def _load_keys(self) -> tuple[bytes, bytes, bytes] | None:

@@ -40,6 +40,7 @@ from gateway.ingress.auth import (
 from gateway.ingress.carrier import CarrierIngress
 from gateway.ops.health import CarrierProbe, CarrierState, HealthSnapshot, Hysteresis, raw_state
 from gateway.ops.http import HealthServer
+from gateway.ops.logs import configure_logging
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.notify import SystemdNotifier
 from gateway.ops.runtime import freeze_startup_objects
@@ -71,6 +72,7 @@ class Gateway:
         self.notifier = notifier or SystemdNotifier()
         self.metrics = GatewayMetrics(models=config.routing.models)
         self.policy = PolicyHolder(config.routing)
+        self._logging = config.logging  # as the CLI configured it; SIGHUP may change it
         self.draining = False
         self.carriers: dict[str, CarrierIngress] = {}
         self.pools: dict[str, PoolDispatcher] = {}
@@ -353,8 +355,17 @@ class Gateway:
         changed = self.policy.apply(fresh.routing)
         if self._auth is not None and agents is not None:
             self._auth.replace(agents)
+        logging_changed = fresh.logging != self._logging
+        if logging_changed:  # e.g. debug for a while, without a restart
+            configure_logging(fresh.logging)
+            self._logging = fresh.logging
         self.metrics.reloads.labels("ok").inc()
-        log.info("reloaded", policy_changed=changed, generation=self.policy.generation)
+        log.info(
+            "reloaded",
+            policy_changed=changed,
+            generation=self.policy.generation,
+            logging_changed=logging_changed,
+        )
         return True
 
     def _observe_latency(self, item: WorkItem, service_s: float) -> None:

@@ -282,21 +282,36 @@ def test_bad_discovery_settings_are_config_errors() -> None:
         )
 
 
-async def test_reload_applies_routing_and_keeps_it_on_a_bad_file(models_dir: Path, tmp_path: Path) -> None:
-    """SIGHUP's reload applies a new routing policy; an invalid file keeps the running one."""
-    async with EdgeAgent(agent_config(NOWHERE, models_dir, tmp_path / "spool")) as agent:
-        good = tmp_path / "agent.toml"
-        good.write_text(
-            'region = "us-west"\n[routing.thresholds]\nedge_server = 0.1\ncloud = 0.5\n'
-            '[routing.models.rank-mlp]\nkind = "ranking"\n[[routing.pools]]\nname = "cpu"\n'
-            'tier = "edge_server"\nmodels = ["rank-mlp"]\n'
-        )
-        assert agent.reload(good)
-        assert agent.policy.policy.config.thresholds.edge_server == 0.1
-        bad = tmp_path / "bad.toml"
-        bad.write_text("not [toml")
-        assert not agent.reload(bad)
-        assert agent.policy.policy.config.thresholds.edge_server == 0.1
+async def test_reload_applies_routing_and_keeps_it_on_a_bad_file(
+    models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SIGHUP's reload applies a new routing policy and log level; an invalid file keeps the running ones."""
+    import structlog
+
+    saved = structlog.get_config()
+    try:
+        async with EdgeAgent(agent_config(NOWHERE, models_dir, tmp_path / "spool")) as agent:
+            good = tmp_path / "agent.toml"
+            good.write_text(
+                'region = "us-west"\n[routing.thresholds]\nedge_server = 0.1\ncloud = 0.5\n'
+                '[routing.models.rank-mlp]\nkind = "ranking"\n[[routing.pools]]\nname = "cpu"\n'
+                'tier = "edge_server"\nmodels = ["rank-mlp"]\n[logging]\nformat = "json"\nlevel = "error"\n'
+            )
+            assert agent.reload(good)
+            assert agent.policy.policy.config.thresholds.edge_server == 0.1
+            probe = structlog.get_logger("test")
+            probe.info("probe-info")
+            probe.error("probe-error")
+            bad = tmp_path / "bad.toml"
+            bad.write_text("not [toml")
+            assert not agent.reload(bad)
+            assert agent.policy.policy.config.thresholds.edge_server == 0.1
+            probe.info("probe-info-after-bad")
+    finally:
+        structlog.configure(**saved)
+    err = capsys.readouterr().err
+    assert "probe-error" in err and "reload failed" in err
+    assert "probe-info" not in err
 
 
 async def test_drain_waits_for_answers_in_flight(models_dir: Path, tmp_path: Path) -> None:

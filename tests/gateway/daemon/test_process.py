@@ -111,6 +111,42 @@ kind = "image"
     assert 'hkgw_reloads_total{outcome="failed"} 1.0' in body
 
 
+async def test_sighup_applies_a_new_log_level(gateway_process: GatewayProcess, models_dir: Path) -> None:
+    """A reload to level "warning" silences info lines (its own "reloaded" included) while errors still
+    show; a reload back to "info" brings them back, saying the logging changed."""
+    path = gateway_process.config
+
+    def events(name: str) -> list[dict[str, object]]:
+        return [r for r in gateway_process.logs if r.get("event") == name]
+
+    write_config(path, models_dir)
+    path.write_text(
+        path.read_text().replace(
+            '[logging]\nformat = "json"', '[logging]\nformat = "json"\nlevel = "warning"'
+        )
+    )
+    assert 'level = "warning"' in path.read_text()
+    gateway_process.signal(signal.SIGHUP)
+
+    async def reloaded_ok() -> bool:
+        return 'hkgw_reloads_total{outcome="ok"} 1.0' in (await scrape(gateway_process))[1]
+
+    deadline = time.monotonic() + 10
+    while not await reloaded_ok():  # the quiet reload is done (its own line is not written)
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    quiet = path.read_text()
+    path.write_text("this is [not toml")
+    gateway_process.signal(signal.SIGHUP)  # processed after the first: an error line, still written
+    await wait_for(lambda: bool(events("reload failed; keeping the running config")), timeout_s=10)
+    assert not events("reloaded")
+    path.write_text(quiet.replace('level = "warning"', 'level = "info"'))
+    gateway_process.signal(signal.SIGHUP)
+    await wait_for(lambda: bool(events("reloaded")), timeout_s=10)
+    [reloaded] = events("reloaded")
+    assert reloaded["logging_changed"] is True and reloaded["level"] == "info"
+
+
 def _default_routing_pools() -> str:
     return "\n".join(
         f"""
