@@ -429,7 +429,7 @@ class Uplink:
             self._on_accepted(list(accepted))
         now = self._clock()
         for nack in ack.nacks:
-            self.stats.nacks[labels.NACK.get(nack.reason, "other")] += 1
+            self.stats.nacks[labels.NACK.get(nack.reason, "other") if nack.reason else "other"] += 1
             if nack.reason in RETRYABLE_NACKS:
                 self._resend(
                     [nack.request_id],

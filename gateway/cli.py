@@ -16,7 +16,7 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -132,13 +132,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _replay(args)
     if args.command == "bgp-announcer":
         return _bgp_announcer(args)
+    overrides = _overrides(args)
     try:
-        config = load_config(args.config, overrides=_overrides(args))
+        config = load_config(args.config, overrides=overrides)
     except ConfigError as exc:
         for key, message in exc.problems:
             print(f"hk-gateway: config: {key}: {message}", file=sys.stderr)
         return EXIT_CONFIG
-    return run(config, args.config)
+    return run(config, args.config, overrides)
 
 
 def _bgp_announcer(args: argparse.Namespace) -> int:
@@ -284,14 +285,15 @@ def _ensure_demo_models(config: GatewayConfig) -> None:
             write_demo_repository(Path(repo))
 
 
-def run(config: GatewayConfig, config_path: Path | None) -> int:
+def run(config: GatewayConfig, config_path: Path | None, overrides: Mapping[str, Any] | None = None) -> int:
+    """Serve until stopped; ``overrides`` (the command line's) are applied again at each SIGHUP."""
     from gateway.ops.logs import configure_logging
     from gateway.ops.runtime import run_main
     from gateway.server import Gateway, GatewayStartError
 
     configure_logging(config.logging)
     _ensure_demo_models(config)
-    gateway = Gateway(config, config_path=config_path)
+    gateway = Gateway(config, config_path=config_path, overrides=overrides)
     try:
         run_main(_serve(gateway))
     except GatewayStartError as exc:

@@ -12,7 +12,9 @@ import asyncio
 import contextlib
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import geoip2.database
 import structlog
@@ -65,10 +67,13 @@ class Gateway:
         config: GatewayConfig,
         *,
         config_path: Path | None = None,
+        overrides: Mapping[str, Any] | None = None,
         notifier: SystemdNotifier | None = None,
     ) -> None:
+        """``config_path`` and ``overrides`` (the command line's) are what a reload reads again."""
         self.config = config
         self.config_path = config_path
+        self._overrides = dict(overrides or {})
         self.notifier = notifier or SystemdNotifier()
         self.metrics = GatewayMetrics(models=config.routing.models)
         self.policy = PolicyHolder(config.routing)
@@ -112,6 +117,7 @@ class Gateway:
         self._loop = asyncio.get_running_loop()
         cfg = self.config
         try:
+            admin_token = self._admin_token()  # a bad file fails before any slow backend start
             await self._start_backends()
             self._ctx = zmq.asyncio.Context()
             limits = CodecLimits(
@@ -191,7 +197,7 @@ class Gateway:
                     ) from exc
                 self.carriers[carrier_cfg.name] = carrier
             self._evaluate_health()
-            http = self._start_http()
+            http = self._start_http(admin_token)
             self._tasks.append(asyncio.create_task(self._health_loop(), name="health"))
             if self.notifier.watchdog_s:
                 self._tasks.append(asyncio.create_task(self._watchdog_loop(), name="watchdog"))
@@ -344,7 +350,7 @@ class Gateway:
     def reload(self) -> bool:
         """Re-read the config file: routing policy and allowed agent keys change, traffic keeps flowing."""
         try:  # read and validate everything first, so a reload applies whole or not at all
-            fresh = load_config(self.config_path)
+            fresh = load_config(self.config_path, overrides=self._overrides)
             agents = None
             if self._auth is not None and fresh.security.authorized_agents is not None:
                 agents = load_directory(fresh.security.authorized_agents)
@@ -372,14 +378,16 @@ class Gateway:
         if item.decision.pool is not None and item.decision.pool in self.policy.policy.pool_names:
             self.policy.policy.observe(item.model, item.decision, service_s)
 
-    def _start_http(self) -> HealthServer:
-        """Health, metrics and admin routes on their own thread (gateway/ops/http.py)."""
-        cfg = self.config
-        token_file = cfg.http.admin_token_file
+    def _admin_token(self) -> str | None:
+        token_file = self.config.http.admin_token_file
         try:
-            admin_token = None if token_file is None else read_admin_token(token_file)
+            return None if token_file is None else read_admin_token(token_file)
         except ValueError as exc:
             raise GatewayStartError(f"http.admin_token_file: {exc}") from exc
+
+    def _start_http(self, admin_token: str | None) -> HealthServer:
+        """Health, metrics and admin routes on their own thread (gateway/ops/http.py)."""
+        cfg = self.config
         self.http = http = HealthServer(
             cfg.http.host,
             cfg.http.port,
@@ -447,6 +455,11 @@ class Gateway:
     @property
     def snapshot(self) -> HealthSnapshot:
         return self._snapshot
+
+    @property
+    def disabled_carriers(self) -> frozenset[str]:
+        """Carriers an operator disabled (POST /admin/carriers/<name>/disable), in memory only."""
+        return frozenset(self._disabled)
 
     def set_carrier_enabled(self, name: str, enabled: bool) -> bool:
         if name not in self._hysteresis:

@@ -154,7 +154,7 @@ class HealthServer:
             and resource.canonical.startswith("/admin/")
         ):
             scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-            token = given.strip().encode()
+            token = given.strip().encode("utf-8", "surrogateescape")  # aiohttp keeps raw bytes as surrogates
             if scheme.lower() != "bearer" or not hmac.compare_digest(token, self._admin_token):
                 reason = "missing" if not token else "wrong"
                 self._metrics.child(self._metrics.admin_refused, reason).inc()

@@ -12,6 +12,8 @@ from pathlib import Path
 import aiohttp
 
 from edge_agent.agent import EdgeAgent
+from edge_agent.uplink import RESENDABLE_REJECTS
+from edgewire import labels
 from gateway.testing import run_gateway, wait_for
 from tests.edge_agent.conftest import agent_config
 
@@ -46,6 +48,15 @@ def test_every_alert_has_a_unit_test() -> None:
     alerts = set(re.findall(r"- alert: (\w+)", rules))
     tested = set(re.findall(r"alertname: (\w+)", tests))
     assert alerts and alerts == tested
+
+
+def test_frames_refused_alert_leaves_out_exactly_what_the_agent_resends() -> None:
+    """EdgeFramesRefused pages on refusals resending cannot fix: its excluded reasons are the agent's
+    RESENDABLE_REJECTS (split or resent by the agent itself), no more, no fewer."""
+    rules = (DEPLOY / "prometheus" / "rules" / "hk-edge.rules.yml").read_text()
+    match = re.search(r'edge_frames_rejected_total\{reason!~"([a-z_|]+)"\}', rules)
+    assert match, "EdgeFramesRefused expression not found"
+    assert set(match.group(1).split("|")) == {labels.REJECT[r] for r in RESENDABLE_REJECTS}
 
 
 def test_committed_dashboard_is_what_the_generator_writes() -> None:

@@ -8,7 +8,7 @@ import statistics
 from edge_agent.synthetic import SyntheticTraffic
 from edgewire import pb
 from gateway.pipeline import tokenizer
-from gateway.pipeline.textsize import MAX_TEXT_CHARS, estimated_tokens
+from gateway.pipeline.textsize import SCAN_CHARS, estimated_tokens
 from gateway.profile import profile_of
 from routing import Priority, Tier, TierPolicy, default_routing_config
 from routing.complexity import ComplexityEstimator
@@ -65,7 +65,11 @@ def test_long_chinese_text_goes_to_the_tier_its_tokens_call_for() -> None:
     assert policy.tier_for(dataclasses.replace(zh, text_tokens=0)).tier is Tier.EDGE_SERVER
 
 
-def test_estimate_reads_at_most_max_text_chars() -> None:
-    """A huge text costs the loop a bounded scan: the estimate stops at MAX_TEXT_CHARS characters (the
-    text pipeline refuses such a text anyway)."""
-    assert estimated_tokens("ab " * 100_000) == 1 + MAX_TEXT_CHARS // 3 + 1
+def test_long_text_is_estimated_from_its_start() -> None:
+    """A long text costs the loop a bounded scan (SCAN_CHARS characters), scaled to its length: within 1%
+    of the full count for a uniform text, and a 300,000-character text scores as what it is."""
+    text = "ab " * 100_000
+    assert len(text) > 100 * SCAN_CHARS
+    assert abs(estimated_tokens(text) - (1 + 100_000)) <= 1_000
+    zh_long = ZH * 20  # 8,060 characters: 8,060 tokens, counted on the first 2,048
+    assert abs(estimated_tokens(zh_long) - (1 + len(zh_long))) <= 0.01 * len(zh_long)

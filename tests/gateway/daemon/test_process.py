@@ -147,6 +147,23 @@ async def test_sighup_applies_a_new_log_level(gateway_process: GatewayProcess, m
     assert reloaded["logging_changed"] is True and reloaded["level"] == "info"
 
 
+def test_reload_keeps_the_command_lines_overrides(tmp_path: Path, models_dir: Path) -> None:
+    """`hk-gateway --log-level debug`, then SIGHUP with the file unchanged: the command line's level stays
+    (a reload reads the file with the same overrides), so the logging is not touched."""
+    import structlog
+
+    from gateway.config import load_config
+    from gateway.server import Gateway
+
+    path = write_config(tmp_path / "gateway.toml", models_dir)
+    overrides = {"logging": {"level": "debug"}}
+    gateway = Gateway(load_config(path, overrides=overrides), config_path=path, overrides=overrides)
+    with structlog.testing.capture_logs() as logs:
+        assert gateway.reload()
+    [reloaded] = [e for e in logs if e["event"] == "reloaded"]
+    assert reloaded["logging_changed"] is False
+
+
 def _default_routing_pools() -> str:
     return "\n".join(
         f"""
