@@ -85,9 +85,7 @@ def _prepare_once(pipeline: Pipeline, spec: ModelSpec, batches: Iterator[list[pb
     return len(pipeline.prepare(next(batches), spec).kept)
 
 
-def _finish_once(
-    pipeline: Pipeline, work: Iterator[tuple[Prepared, dict[str, np.ndarray], list[pb.InferRequest]]]
-) -> int:
+def _finish_once(pipeline: Pipeline, work: Iterator[tuple[Prepared, dict[str, np.ndarray]]]) -> int:
     return len(pipeline.finish(*next(work)))
 
 
@@ -102,7 +100,7 @@ def per_stage(seconds: float) -> list[dict[str, Any]]:
         prepared = [pipeline.prepare(b, spec) for b in batches]
         rows = [int(next(iter(p.inputs.values())).shape[0]) for p in prepared]
         outputs = [fake_outputs(spec, r, rng) for r in rows]
-        work = itertools.cycle(list(zip(prepared, outputs, batches, strict=True)))
+        work = itertools.cycle(list(zip(prepared, outputs, strict=True)))
         results.append(
             {
                 "kind": kind,

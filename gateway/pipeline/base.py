@@ -49,11 +49,10 @@ class Pipeline(Protocol):
         """Turn a batch of requests into the model's input tensors (one vectorised pass)."""
         ...
 
-    def finish(
-        self, prepared: Prepared, outputs: Mapping[str, np.ndarray], requests: Sequence[pb.InferRequest]
-    ) -> list[list[pb.Tensor]]:
+    def finish(self, prepared: Prepared, outputs: Mapping[str, np.ndarray]) -> list[list[pb.Tensor]]:
         """Per kept request (in ``prepared.kept`` order), the wire output tensors.
 
-        ``requests`` are the kept requests in that order; the whole original batch is accepted too.
+        Everything besides the outputs comes from ``prepared`` (``spec``, ``extras``): finish runs where the
+        requests are not sent a second time.
         """
         ...

@@ -17,7 +17,7 @@ from PIL import Image
 from edgewire import pb
 from gateway.backends.base import ModelSpec
 from gateway.pipeline.base import Prepared
-from gateway.pipeline.tensor import InvalidInput, Rejected, encode_bytes, kept_requests, tensor_from_array
+from gateway.pipeline.tensor import InvalidInput, Rejected, encode_bytes, tensor_from_array
 
 MAX_PIXELS: Final = 40_000_000
 """Largest image decoded, checked from the header before decoding (a decompression bomb is refused)."""
@@ -89,10 +89,6 @@ class ImagePipeline:
 
     kind = "image"
 
-    def __init__(self) -> None:
-        # finish() sees the requests but not the spec: the label names are remembered per model by prepare().
-        self._labels: dict[str, tuple[str, ...]] = {}
-
     def prepare(self, requests: Sequence[pb.InferRequest], spec: ModelSpec) -> Prepared:
         """Decode each image, then normalise the batch in one pass."""
         (pixels,) = spec.inputs
@@ -101,7 +97,6 @@ class ImagePipeline:
             raise ValueError(
                 f"model {spec.name}: input {pixels.name} must be [3, S, S], got {list(pixels.dims)}"
             )
-        self._labels[spec.name] = label_names(spec)
         decoded: list[np.ndarray] = []
         kept: list[int] = []
         rejected: dict[int, tuple[str, str]] = {}
@@ -121,19 +116,17 @@ class ImagePipeline:
             rejected=rejected,
             real_elements=int(tensor.size),
             padded_elements=int(tensor.size),
+            spec=spec,  # finish names the classes from the spec's labels
         )
 
-    def finish(
-        self, prepared: Prepared, outputs: Mapping[str, np.ndarray], requests: Sequence[pb.InferRequest]
-    ) -> list[list[pb.Tensor]]:
+    def finish(self, prepared: Prepared, outputs: Mapping[str, np.ndarray]) -> list[list[pb.Tensor]]:
         """Softmax over the batch in one pass; per request its probabilities and the argmax's label."""
         (logits,) = outputs.values()
         logits = np.asarray(logits, dtype=np.float32)
         shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
         probs = shifted / shifted.sum(axis=1, keepdims=True)
         top = probs.argmax(axis=1)
-        model = kept_requests(prepared, requests)[0].model_name if prepared.kept and requests else ""
-        names = label_names(prepared.spec) if prepared.spec is not None else self._labels.get(model, ())
+        names = label_names(prepared.spec) if prepared.spec is not None else ()
         if len(names) != logits.shape[1]:
             names = tuple(f"class_{i}" for i in range(logits.shape[1]))
         results: list[list[pb.Tensor]] = []

@@ -232,14 +232,9 @@ class RankingPipeline:
             padded_elements=int(features.size),
         )
 
-    def finish(
-        self, prepared: Prepared, outputs: Mapping[str, np.ndarray], requests: Sequence[pb.InferRequest]
-    ) -> list[list[pb.Tensor]]:
-        """Per kept request, its candidates ordered by score, best first, cut to ``top_k`` (0 = all).
-
-        The item ids and ``top_k`` come from what ``prepare`` kept (``extras``), so ``requests`` are not
-        read: the CPU stage does not send them to the worker a second time.
-        """
+    def finish(self, prepared: Prepared, outputs: Mapping[str, np.ndarray]) -> list[list[pb.Tensor]]:
+        """Per kept request, its candidates ordered by score, best first, cut to ``top_k`` (0 = all); the
+        item ids and ``top_k`` are what ``prepare`` kept (``extras``)."""
         scores = np.asarray(outputs[SCORES], dtype=np.float32).reshape(-1)
         ids, top_k = prepared.extras[ITEM_IDS], prepared.extras[TOP_K]
         results: list[list[pb.Tensor]] = []

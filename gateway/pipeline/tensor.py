@@ -133,17 +133,6 @@ def decode_bytes(raw: bytes, count: int) -> list[bytes]:
     return items
 
 
-def kept_requests(prepared: Prepared, requests: Sequence[pb.InferRequest]) -> Sequence[pb.InferRequest]:
-    """The kept requests, in ``prepared.kept`` order, from what ``finish`` was given.
-
-    ``finish`` may be handed the whole batch ``prepare`` saw or only its kept requests; the two can only
-    be told apart by length when some were dropped, and when none were they coincide.
-    """
-    if len(requests) == len(prepared.kept):
-        return requests
-    return [requests[i] for i in prepared.kept]
-
-
 def batch_slices(counts: Sequence[int]) -> list[slice]:
     """Consecutive row slices of the given sizes: [0:c0], [c0:c0+c1], ..."""
     ends = np.cumsum(counts, dtype=np.int64).tolist()
@@ -201,9 +190,7 @@ class TensorPipeline:
             padded_elements=elements,
         )
 
-    def finish(
-        self, prepared: Prepared, outputs: Mapping[str, np.ndarray], requests: Sequence[pb.InferRequest]
-    ) -> list[list[pb.Tensor]]:
+    def finish(self, prepared: Prepared, outputs: Mapping[str, np.ndarray]) -> list[list[pb.Tensor]]:
         """Each kept request's rows of every output, as wire tensors."""
         return [
             [tensor_from_array(name, array[rows]) for name, array in outputs.items()]

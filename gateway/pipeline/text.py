@@ -101,9 +101,7 @@ class TextPipeline:
             truncated=truncated_here,
         )
 
-    def finish(
-        self, prepared: Prepared, outputs: Mapping[str, np.ndarray], requests: Sequence[pb.InferRequest]
-    ) -> list[list[pb.Tensor]]:
+    def finish(self, prepared: Prepared, outputs: Mapping[str, np.ndarray]) -> list[list[pb.Tensor]]:
         """L2-normalise the batch's embeddings in one pass; one [dim] tensor per request."""
         embeddings = np.asarray(outputs[EMBEDDING], dtype=np.float32)
         norms = np.linalg.norm(embeddings, axis=1, keepdims=True)

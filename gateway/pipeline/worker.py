@@ -50,7 +50,7 @@ def prepare_batch(
 def finish_batch(pipeline: str, prepared: Prepared, outputs: Mapping[str, np.ndarray]) -> list[bytes]:
     """Per kept request, its outputs as response bytes; what the pipeline needs besides the outputs is in
     ``prepared`` (the requests are not sent again)."""
-    tensors = pipeline_for(pipeline).finish(prepared, outputs, ())
+    tensors = pipeline_for(pipeline).finish(prepared, outputs)
     return [pb.InferResponse(outputs=t).SerializeToString() for t in tensors]
 
 

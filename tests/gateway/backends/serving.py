@@ -41,4 +41,4 @@ async def serve(
     prepared = pipeline.prepare(requests, spec)
     call = InferCall(spec.name, version, prepared.inputs, Priority.INTERACTIVE, 10.0)
     result = await backend.infer(call)
-    return prepared, pipeline.finish(prepared, result.outputs, requests), result
+    return prepared, pipeline.finish(prepared, result.outputs), result

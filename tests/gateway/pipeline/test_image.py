@@ -109,7 +109,7 @@ def test_probabilities_and_label_of_the_argmax() -> None:
     pipeline = ImagePipeline()
     prepared = pipeline.prepare(requests, SPEC)
     logits = np.array([np.arange(10.0), np.arange(10.0)[::-1]], dtype=np.float32)
-    results = pipeline.finish(prepared, {"logits": logits}, requests)
+    results = pipeline.finish(prepared, {"logits": logits})
     for row, (probs, label) in zip(logits, results, strict=True):
         want = np.exp(row - row.max()) / np.exp(row - row.max()).sum()
         np.testing.assert_allclose(np.frombuffer(probs.raw_data, dtype="<f4"), want, rtol=1e-5)

@@ -111,7 +111,7 @@ def test_top_k_items_by_score() -> None:
     pipeline = RankingPipeline()
     prepared = pipeline.prepare(requests, SPEC)
     outputs = scored(prepared.inputs["features"].shape[0])
-    results = pipeline.finish(prepared, outputs, requests)
+    results = pipeline.finish(prepared, outputs)
     for request, rows, (ids, scores) in zip(requests, prepared.rows, results, strict=True):
         own = outputs["scores"][rows, 0]
         best = np.argsort(-own, kind="stable")[: request.ranking.top_k]
@@ -127,7 +127,7 @@ def test_top_k_zero_returns_every_candidate() -> None:
     request.ranking.top_k = 0
     pipeline = RankingPipeline()
     prepared = pipeline.prepare([request], SPEC)
-    ((ids, _),) = pipeline.finish(prepared, scored(prepared.inputs["features"].shape[0]), [request])
+    ((ids, _),) = pipeline.finish(prepared, scored(prepared.inputs["features"].shape[0]))
     assert list(ids.shape) == [len(request.ranking.candidate_item_ids)]
 
 
@@ -189,17 +189,21 @@ def test_all_rejected_gives_an_empty_batch() -> None:
     assert (prepared.kept, prepared.inputs["features"].shape) == ([], (0, 40))
 
 
-def test_finish_takes_the_batch_or_only_the_kept_requests() -> None:
-    """After a rejection, finish gives the same answers from the whole batch or from the kept requests."""
+def test_finish_answers_the_kept_requests_from_prepare_alone() -> None:
+    """After a rejection, finish (given no requests) answers the kept ones in order, each with its own
+    candidates."""
     requests = synthetic("rank-mlp", 3)
     break_width(requests[0].ranking)
     pipeline = RankingPipeline()
     prepared = pipeline.prepare(requests, SPEC)
-    outputs = scored(prepared.inputs["features"].shape[0])
-    from_batch = pipeline.finish(prepared, outputs, requests)
-    from_kept = pipeline.finish(prepared, outputs, [requests[i] for i in prepared.kept])
-    assert from_batch == from_kept
-    assert len(from_kept) == 2
+    results = pipeline.finish(prepared, scored(prepared.inputs["features"].shape[0]))
+    assert prepared.kept == [1, 2] and len(results) == 2
+    for index, (ids, _) in zip(prepared.kept, results, strict=True):
+        ranking = requests[index].ranking
+        got = np.frombuffer(ids.raw_data, dtype="<u8").tolist()
+        candidates = len(ranking.candidate_item_ids)
+        assert len(got) == min(ranking.top_k or candidates, candidates)
+        assert set(got) <= set(ranking.candidate_item_ids)
 
 
 @given(

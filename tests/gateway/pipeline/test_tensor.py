@@ -128,7 +128,7 @@ def test_outputs_go_back_to_their_requests() -> None:
     pipeline = TensorPipeline()
     prepared = pipeline.prepare(requests, SPEC)
     y = np.arange(6, dtype=np.float32).reshape(3, 2)
-    results = pipeline.finish(prepared, {"y": y}, requests)
+    results = pipeline.finish(prepared, {"y": y})
     assert [[array_from_tensor(t).tolist() for t in r] for r in results] == [[[[0, 1], [2, 3]]], [[[4, 5]]]]
 
 

@@ -214,7 +214,7 @@ def test_embeddings_are_l2_normalised() -> None:
     pipeline = TextPipeline()
     prepared = pipeline.prepare(requests, SPEC)
     raw = np.random.default_rng(3).standard_normal((2, 64)).astype(np.float32) * 5
-    results = pipeline.finish(prepared, {"embedding": raw}, requests)
+    results = pipeline.finish(prepared, {"embedding": raw})
     for row, ((tensor,),) in zip(raw, zip(results, strict=True), strict=True):
         got = np.frombuffer(tensor.raw_data, dtype="<f4")
         assert (tensor.name, list(tensor.shape), tensor.datatype) == ("embedding", [64], pb.DATA_TYPE_FP32)
