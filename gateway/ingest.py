@@ -352,7 +352,7 @@ class Ingest:
         if remaining is not None and remaining <= 0:
             return False
         decision = self._policy.policy.decide(
-            profile_of(item.request, item.priority, remaining, item.region), signals
+            profile_of(item.request, item.priority, remaining, item.region, item.text_tokens), signals
         )
         self._count_decision(decision)
         if decision.rejected or decision.pool is None or decision.pool == failed_pool:

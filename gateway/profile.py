@@ -40,9 +40,14 @@ def request_kind(request: pb.InferRequest) -> RequestKind:
 
 
 def profile_of(
-    request: pb.InferRequest, priority: Priority, remaining_s: float | None, region: str
+    request: pb.InferRequest,
+    priority: Priority,
+    remaining_s: float | None,
+    region: str,
+    text_tokens: int | None = None,
 ) -> RequestProfile:
-    """What routing needs, read from the request alone (sizes, never contents)."""
+    """What routing needs, read from the request alone (sizes, never contents). ``text_tokens``: the
+    estimate made earlier for this request (a reroute), instead of counting again."""
     kind = request_kind(request)
     candidates = width = chars = tokens = pixels = elements = 0
     if kind is RequestKind.RANKING:
@@ -52,7 +57,8 @@ def profile_of(
     elif kind is RequestKind.TEXT:
         text = request.text.text
         chars = len(text)
-        tokens = estimated_tokens(text)  # not chars / 4: CJK text has about one token per character
+        # not chars / 4: CJK text has about one token per character
+        tokens = estimated_tokens(text) if text_tokens is None else text_tokens
     elif kind is RequestKind.IMAGE:
         pixels = request.image.width * request.image.height
     else:

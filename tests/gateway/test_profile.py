@@ -37,6 +37,9 @@ def test_text_profile_carries_the_token_estimate() -> None:
         assert profile.text_chars == len(text)
         assert profile.text_tokens == estimated_tokens(text) > 0
         assert ComplexityEstimator(CostModelConfig()).work(profile) == profile.text_tokens
+    # A reroute passes the estimate its WorkItem carries instead of counting again.
+    again = profile_of(text_request(ZH), Priority.BATCH, None, "us-west", text_tokens=7)
+    assert again.text_tokens == 7
 
 
 def test_estimate_follows_the_tokenizer_in_every_script() -> None:
