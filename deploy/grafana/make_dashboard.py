@@ -100,6 +100,15 @@ PANELS = [
         [("edge_carrier_rtt_seconds", "{{instance}} {{carrier}}")],
     ),
     (
+        "Agents: refused by Hong Kong (nacks, whole frames) and failed fast, by reason",
+        "reqps",
+        [
+            ("sum by (reason) (rate(edge_nacks_total[5m]))", "nack {{reason}}"),
+            ("sum by (reason) (rate(edge_frames_rejected_total[5m]))", "frame {{reason}}"),
+            ("sum by (reason) (rate(edge_failed_fast_total[5m]))", "failed fast {{reason}}"),
+        ],
+    ),
+    (
         "Agents: DNS discovery failures, carriers known",
         "none",
         [
