@@ -75,6 +75,26 @@ class TritonInstall:
         return env
 
 
+@dataclass(frozen=True)
+class TritonTls:
+    """tritonserver's gRPC TLS: its certificate and key, and with ``client_ca`` mutual TLS (clients must
+    present a certificate that CA signed)."""
+
+    server_cert: Path
+    server_key: Path
+    client_ca: Path | None = None
+
+    def flags(self) -> list[str]:
+        flags = [
+            "--grpc-use-ssl=true",
+            f"--grpc-server-cert={self.server_cert}",
+            f"--grpc-server-key={self.server_key}",
+        ]
+        if self.client_ca is not None:
+            flags += ["--grpc-use-ssl-mutual=true", f"--grpc-root-cert={self.client_ca}"]
+        return flags
+
+
 class TritonServer:
     """One tritonserver process on loopback ports that stay the same across :meth:`kill` and :meth:`start`.
 
@@ -90,7 +110,10 @@ class TritonServer:
         log_path: Path,
         install: TritonInstall | None = None,
         ready_timeout_s: float = 60.0,
+        tls: TritonTls | None = None,
     ) -> None:
+        """``tls``: serve gRPC over TLS (HTTP, used for readiness, stays plain)."""
+        self.tls = tls
         self.repository = repository
         self.models = models
         self.log_path = log_path
@@ -125,6 +148,7 @@ class TritonServer:
                     f"--http-port={self.http_port}",
                     "--allow-metrics=false",
                     "--exit-timeout-secs=5",
+                    *(self.tls.flags() if self.tls is not None else ()),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,

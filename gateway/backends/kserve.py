@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Protocol
 
+import grpc
 import structlog
 import tritonclient.grpc.aio as triton_aio
 from tritonclient.grpc import InferInput
@@ -47,9 +48,51 @@ from routing.types import Priority
 _log = structlog.get_logger(__name__)
 
 MAX_MESSAGE_BYTES: Final = 64 << 20
+_TLS_FILES: Final = ("tls_ca_file", "tls_cert_file", "tls_key_file")
 _OPTIONS: Final = frozenset(
-    {"url", "channels", "models", "pins", "health_interval_s", "call_timeout_s", "control_timeout_s"}
+    {
+        "url",
+        "channels",
+        "models",
+        "pins",
+        "health_interval_s",
+        "call_timeout_s",
+        "control_timeout_s",
+        "tls",
+        "tls_server_name",
+        *_TLS_FILES,
+    }
 )
+
+
+@dataclass(frozen=True, slots=True)
+class TlsOptions:
+    """TLS to the inference server: its CA (None = the system's roots), a client certificate and key for
+    mutual TLS (both or neither), and the name to check in the server's certificate when ``url`` is an
+    address (``tls_server_name``)."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    server_name: str | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        """The channel credentials; an unreadable file is a ValueError naming its option."""
+        read: dict[str, bytes | None] = {}
+        for key, path in (
+            ("tls_ca_file", self.ca_file),
+            ("tls_cert_file", self.cert_file),
+            ("tls_key_file", self.key_file),
+        ):
+            try:
+                read[key] = None if path is None else Path(path).read_bytes()
+            except OSError as exc:
+                raise ValueError(f"option {key!r}: cannot read {path}: {exc.strerror or exc}") from None
+        return grpc.ssl_channel_credentials(
+            root_certificates=read["tls_ca_file"],
+            private_key=read["tls_key_file"],
+            certificate_chain=read["tls_cert_file"],
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +106,7 @@ class KServeOptions:
     health_interval_s: float = 1.0
     call_timeout_s: float = 30.0  # upper bound of a call without a deadline
     control_timeout_s: float = 2.0  # readiness, index and config calls
+    tls: TlsOptions | None = None  # None = plaintext gRPC
 
     @classmethod
     def from_mapping(
@@ -86,6 +130,7 @@ class KServeOptions:
             raise ValueError(f"{where} 'pins' must map model names to numeric versions, got {pins!r}")
         return cls(
             url=url,
+            tls=_tls(where, options),
             channels=integer(backend, options, "channels", 2, maximum=64),
             models=tuple(models),
             pins={k: str(v) for k, v in pins.items()},
@@ -93,6 +138,29 @@ class KServeOptions:
             call_timeout_s=seconds(backend, options, "call_timeout_s", 30.0),
             control_timeout_s=seconds(backend, options, "control_timeout_s", 2.0),
         )
+
+
+def _tls(where: str, options: Mapping[str, Any]) -> TlsOptions | None:
+    """``tls = true`` and its files; a tls_* option without it, or half a client pair, is an error."""
+    enabled = options.get("tls", False)
+    if not isinstance(enabled, bool):
+        raise ValueError(f"{where} 'tls' must be true or false, got {enabled!r}")
+    given = {key: options[key] for key in (*_TLS_FILES, "tls_server_name") if key in options}
+    for key, value in given.items():
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"{where} {key!r} must be a non-empty string, got {value!r}")
+    if not enabled:
+        if given:
+            raise ValueError(f"{where} {sorted(given)[0]!r} needs tls = true")
+        return None
+    if ("tls_cert_file" in given) != ("tls_key_file" in given):
+        raise ValueError(f"{where} 'tls_cert_file' and 'tls_key_file' go together (mutual TLS)")
+    return TlsOptions(
+        ca_file=given.get("tls_ca_file"),
+        cert_file=given.get("tls_cert_file"),
+        key_file=given.get("tls_key_file"),
+        server_name=given.get("tls_server_name"),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +246,13 @@ class KServeBackend:
             raise RuntimeError(f"backend {self.name!r} is closed")
         if self._started:
             return
+        tls = self.options.tls
+        credentials = None
+        if tls is not None:  # an unreadable file fails the start, before anything connects
+            try:
+                credentials = tls.credentials()
+            except ValueError as exc:
+                raise ValueError(f"backend {self.name!r}: {exc}") from None
         self._started = True
         channel_args: list[tuple[str, int | str]] = [
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -191,6 +266,8 @@ class KServeBackend:
             ("grpc.min_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 1000),
         ]
+        if tls is not None and tls.server_name:
+            channel_args.append(("grpc.ssl_target_name_override", tls.server_name))
         for i in range(self.options.channels):
             # A local subchannel pool per client: gRPC would otherwise share one connection among them.
             args = [
@@ -198,7 +275,9 @@ class KServeBackend:
                 ("grpc.use_local_subchannel_pool", 1),
                 ("grpc.primary_user_agent", f"hk-gateway/{i}"),
             ]
-            self._clients.append(triton_aio.InferenceServerClient(self.options.url, channel_args=args))
+            self._clients.append(
+                triton_aio.InferenceServerClient(self.options.url, creds=credentials, channel_args=args)
+            )
         await self.refresh()
         self._health_task = asyncio.create_task(self._check_periodically(), name=f"{self.name}-health")
 

@@ -68,7 +68,12 @@ def test_gateway_unit_gives_the_drain_time_to_finish() -> None:
             "hk-gateway.example.toml",
             "hk-gateway.service",
             "hk-gateway.service",
-            [("security", "server_secret_key"), ("http", "admin_token_file"), ("capture", "redact_key_file")],
+            [
+                ("security", "server_secret_key"),
+                ("http", "admin_token_file"),
+                ("capture", "redact_key_file"),
+                ("backends.triton-a100", "tls_key_file"),
+            ],
         ),
         (
             "edge-agent.example.toml",
@@ -88,7 +93,10 @@ def test_secret_files_reach_the_dynamic_user_as_credentials(
         re.findall(r"^LoadCredential=([^:\n]+):(\S+)$", (DEPLOY / "systemd" / unit).read_text(), re.M)
     )
     for section, key in secrets:
-        path = Path(settings[section][key])
+        table = settings
+        for part in section.split("."):
+            table = table[part]
+        path = Path(table[key])
         assert path.parent == Path("/run/credentials") / instance, (section, key, path)
         assert path.name in loaded, (section, key, sorted(loaded))
         assert loaded[path.name].startswith(("/etc/hk-gateway/", "/etc/edge-agent/"))

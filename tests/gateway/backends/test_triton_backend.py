@@ -19,8 +19,9 @@ from gateway.backends.onnx import OnnxBackend
 from gateway.backends.triton import TritonDialect
 from gateway.models.demo import IMAGE_MODEL, RANKING_MODEL, TEXT_MODEL
 from gateway.testing import wait_for
-from gateway.testing_servers import TritonServer
+from gateway.testing_servers import TritonServer, TritonTls
 from routing.types import Priority
+from tests.gateway.backends.pki import SERVER_NAME, make_pki
 from tests.gateway.conftest import SLOW_S
 
 pytestmark = pytest.mark.triton
@@ -274,9 +275,67 @@ async def test_start_with_the_server_down_reports_not_serving() -> None:
         ({"url": "127.0.0.1:8001", "pins": {"m": "latest"}}, "pins"),
         ({"url": "127.0.0.1:8001", "health_interval_s": 0}, "health_interval_s"),
         ({"url": "127.0.0.1:8001", "colour": "blue"}, "colour"),
+        ({"url": "127.0.0.1:8001", "tls": "yes"}, "'tls' must be true or false"),
+        ({"url": "127.0.0.1:8001", "tls_ca_file": "/ca.pem"}, "'tls_ca_file' needs tls = true"),
+        ({"url": "127.0.0.1:8001", "tls": True, "tls_cert_file": "/c.pem"}, "go together"),
+        ({"url": "127.0.0.1:8001", "tls": True, "tls_server_name": ""}, "tls_server_name"),
     ],
 )
 def test_bad_options_are_refused_naming_the_key(options: dict[str, object], key: str) -> None:
     """Config mistakes fail at load time with the key named."""
     with pytest.raises(ValueError, match=key):
         KServeOptions.from_mapping("triton", options)
+
+
+async def test_an_unreadable_tls_file_fails_the_start_naming_the_option(tmp_path: Path) -> None:
+    """A CA file that cannot be read stops the backend's start (and so the gateway's) with the option named,
+    instead of a backend that can never connect."""
+    remote = triton_backend("127.0.0.1:9", tls=True, tls_ca_file=str(tmp_path / "missing.pem"))
+    with pytest.raises(ValueError, match=r"tls_ca_file.*missing\.pem"):
+        await remote.start()
+    await remote.aclose()
+
+
+async def test_mutual_tls_to_a_tritonserver_that_requires_it(triton_repository: Path, tmp_path: Path) -> None:
+    """Against a tritonserver that requires mutual TLS, the backend serves with the CA and a client
+    certificate (also when it checks the server's name instead of its address); without the client
+    certificate, trusting another CA, checking another name, or in plaintext, it is refused: NOT_SERVING,
+    the failed checks counted, the start itself not failed."""
+    pki = make_pki(tmp_path / "pki")
+    other = make_pki(tmp_path / "other", ca_name="another CA")
+    tls = TritonTls(pki.server_cert, pki.server_key, client_ca=pki.ca)
+    server = TritonServer(triton_repository, (RANKING_MODEL,), log_path=tmp_path / "triton.log", tls=tls)
+    mutual = {
+        "tls": True,
+        "tls_ca_file": str(pki.ca),
+        "tls_cert_file": str(pki.client_cert),
+        "tls_key_file": str(pki.client_key),
+    }
+    attempts = {
+        "by address": mutual,
+        "by name": {**mutual, "tls_server_name": SERVER_NAME},
+        "no client certificate": {"tls": True, "tls_ca_file": str(pki.ca)},
+        "another CA": {**mutual, "tls_ca_file": str(other.ca)},
+        "another name": {**mutual, "tls_server_name": "other.hk.test"},
+        "plaintext": {},
+    }
+    outcome: dict[str, tuple[BackendHealth, int, tuple[int, ...] | None]] = {}
+    await asyncio.to_thread(server.start)
+    try:
+        for label, options in attempts.items():
+            remote = triton_backend(server.grpc_url, models=[RANKING_MODEL], control_timeout_s=1.0, **options)
+            await remote.start()
+            try:
+                shape = None
+                if remote.health() is BackendHealth.SERVING:
+                    shape = (await remote.infer(call(RANKING_MODEL, 2))).outputs["scores"].shape
+                outcome[label] = (remote.health(), remote.refresh_failures, shape)
+            finally:
+                await remote.aclose()
+    finally:
+        await asyncio.to_thread(server.stop)
+    for label in ("by address", "by name"):
+        assert outcome[label] == (BackendHealth.SERVING, 0, (2, 1)), (label, outcome[label])
+    for label in ("no client certificate", "another CA", "another name", "plaintext"):
+        health, failures, shape = outcome[label]
+        assert (health, shape) == (BackendHealth.NOT_SERVING, None) and failures >= 1, (label, outcome[label])
