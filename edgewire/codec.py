@@ -169,7 +169,9 @@ class FrameCodec:
         )
         if compress and len(raw) >= self.compress_min_bytes:
             used = self.dictionaries.preferred if dict_id is None else dict_id
-            body = self._compressor(used).compress(raw)
+            # python-zstandard (0.25) returns bytes holding zstd's worst-case output size: a frame kept
+            # for a resend would cost ~4x its length. One copy makes it cost its length.
+            body = bytes(memoryview(self._compressor(used).compress(raw)))
             envelope.codec = pb.CODEC_ZSTD
             envelope.dict_id = used
         else:

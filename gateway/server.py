@@ -23,7 +23,7 @@ import zmq.asyncio
 
 import gateway.backends.builtin  # noqa: F401  (registers the built-in backend types)
 from edgewire import CodecLimits, DictionaryStore, FrameCodec
-from gateway.backends.base import Backend, Rescanning, create
+from gateway.backends.base import Backend, HealthChecked, Rescanning, create
 from gateway.capture.recorder import CaptureRecorder
 from gateway.capture.redact import Redactor
 from gateway.config import GatewayConfig, load_config, read_admin_token
@@ -82,8 +82,13 @@ class Gateway:
         self.carriers: dict[str, CarrierIngress] = {}
         self.pools: dict[str, PoolDispatcher] = {}
         self.backends: dict[str, Backend] = {}
-        self.metrics.count_rescan_failures(
-            lambda: {n: b.rescan_failures for n, b in self.backends.items() if isinstance(b, Rescanning)}
+        self.metrics.count_backend_failures(
+            rescans=lambda: {
+                n: b.rescan_failures for n, b in self.backends.items() if isinstance(b, Rescanning)
+            },
+            checks=lambda: {
+                n: b.refresh_failures for n, b in self.backends.items() if isinstance(b, HealthChecked)
+            },
         )
         self.ingest: Ingest | None = None
         self.http: HealthServer | None = None

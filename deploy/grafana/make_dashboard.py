@@ -101,7 +101,7 @@ PANELS = [
     ),
     (
         "Agents: refused by Hong Kong (nacks, whole frames) and failed fast, by reason",
-        "reqps",
+        "ops",
         [
             ("sum by (reason) (rate(edge_nacks_total[5m]))", "nack {{reason}}"),
             ("sum by (reason) (rate(edge_frames_rejected_total[5m]))", "frame {{reason}}"),

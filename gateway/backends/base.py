@@ -143,6 +143,14 @@ class Rescanning(Protocol):
     rescan_failures: int
 
 
+@runtime_checkable
+class HealthChecked(Protocol):
+    """A backend that checks a remote server in the background (``triton``, ``rayserve``): failed checks
+    are counted and exported as ``hkgw_backend_check_failures_total``."""
+
+    refresh_failures: int
+
+
 BackendFactory = Callable[[str, Mapping[str, Any]], Backend]
 _REGISTRY: dict[str, BackendFactory] = {}
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -67,9 +68,9 @@ _OPTIONS: Final = frozenset(
 
 @dataclass(frozen=True, slots=True)
 class TlsOptions:
-    """TLS to the inference server: its CA (None = the system's roots), a client certificate and key for
-    mutual TLS (both or neither), and the name to check in the server's certificate when ``url`` is an
-    address (``tls_server_name``)."""
+    """TLS to the inference server: its CA (None = the system's CA file, OpenSSL's default), a client
+    certificate and key for mutual TLS (both or neither), and the name to check in the server's certificate
+    when ``url`` is an address (``tls_server_name``)."""
 
     ca_file: str | None = None
     cert_file: str | None = None
@@ -77,22 +78,40 @@ class TlsOptions:
     server_name: str | None = None
 
     def credentials(self) -> grpc.ChannelCredentials:
-        """The channel credentials; an unreadable file is a ValueError naming its option."""
-        read: dict[str, bytes | None] = {}
-        for key, path in (
-            ("tls_ca_file", self.ca_file),
-            ("tls_cert_file", self.cert_file),
-            ("tls_key_file", self.key_file),
-        ):
+        """The channel credentials. A file that cannot be read or is not what it should be (PEM
+        certificates; a certificate and its own key) is a ValueError naming its option: gRPC would only
+        fail every handshake later, with nothing said."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ca_file = self.ca_file
+        if ca_file is None:  # grpcio would use its own bundled roots, not the host's
+            system = ssl.get_default_verify_paths().cafile
+            ca_file = system if system and Path(system).is_file() else None
+        ca = _read("tls_ca_file", ca_file) if ca_file else None
+        if ca is not None:
             try:
-                read[key] = None if path is None else Path(path).read_bytes()
-            except OSError as exc:
-                raise ValueError(f"option {key!r}: cannot read {path}: {exc.strerror or exc}") from None
-        return grpc.ssl_channel_credentials(
-            root_certificates=read["tls_ca_file"],
-            private_key=read["tls_key_file"],
-            certificate_chain=read["tls_cert_file"],
-        )
+                context.load_verify_locations(cadata=ca.decode("latin-1"))
+            except (ssl.SSLError, ValueError) as exc:
+                raise ValueError(
+                    f"option 'tls_ca_file': {ca_file} holds no PEM certificates ({exc})"
+                ) from None
+        cert = key = None
+        if self.cert_file is not None and self.key_file is not None:
+            cert, key = _read("tls_cert_file", self.cert_file), _read("tls_key_file", self.key_file)
+            try:
+                context.load_cert_chain(self.cert_file, self.key_file)
+            except ssl.SSLError as exc:
+                raise ValueError(
+                    f"options 'tls_cert_file', 'tls_key_file': {self.cert_file} and {self.key_file} are not"
+                    f" a PEM certificate and its key ({exc})"
+                ) from None
+        return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+
+def _read(option: str, path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ValueError(f"option {option!r}: cannot read {path}: {exc.strerror or exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +257,8 @@ class KServeBackend:
         self._started = False
         self._closed = False
         self.refresh_failures = 0
-        """Readiness or model checks that failed (the server stays NOT_SERVING until one succeeds)."""
+        """Readiness or model checks that failed (the server stays NOT_SERVING until one succeeds);
+        exported as ``hkgw_backend_check_failures_total``."""
 
     async def start(self) -> None:
         """Connect, read what the server serves, and keep checking it in the background."""
@@ -379,7 +399,7 @@ class KServeBackend:
             )
         except (InferenceServerException, ModelRepositoryError) as exc:
             self.refresh_failures += 1
-            if self._server_ready:
+            if self._server_ready or self.refresh_failures == 1:  # a change, or never reached since start
                 _log.warning(f"{self.dialect.kind} server check failed", backend=self.name, error=str(exc))
             self._server_ready = False
             self._ready_models = frozenset()

@@ -230,16 +230,24 @@ class GatewayMetrics:
             self.admin_refused.labels(reason)
         self.capture_active = Gauge(f"{NS}_capture_active", "1 while traffic capture is on", registry=r)
 
-    def count_rescan_failures(self, read: Callable[[], Mapping[str, int]]) -> None:
-        """Export ``read()`` (backend name -> failed periodic repository rescans) at each scrape."""
-        self.registry.register(
-            _ReadCounters(
-                f"{NS}_backend_rescan_failures",
+    def count_backend_failures(
+        self, rescans: Callable[[], Mapping[str, int]], checks: Callable[[], Mapping[str, int]]
+    ) -> None:
+        """Export backend name -> failed periodic repository rescans (``rescans()``) and failed remote
+        server checks (``checks()``), read at each scrape."""
+        for name, doc, read in (
+            (
+                "rescan",
                 "Periodic model repository rescans that failed (the loaded models stay served)",
-                "backend",
-                read,
-            )
-        )
+                rescans,
+            ),
+            (
+                "check",
+                "Remote server checks that failed (the backend is NOT_SERVING until one succeeds)",
+                checks,
+            ),
+        ):
+            self.registry.register(_ReadCounters(f"{NS}_backend_{name}_failures", doc, "backend", read))
 
     def child(self, metric: M, *labels: str) -> M:
         """``metric.labels(*labels)``, cached: the label sets are bounded and the hot path asks often."""

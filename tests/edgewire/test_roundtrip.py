@@ -96,3 +96,23 @@ def test_repeated_field_assembles_a_batch_from_serialized_items(batch: pb.Respon
     codec = FrameCodec()
     frames = codec.encode_raw(pb.MESSAGE_KIND_RESPONSE_BATCH, raw, len(batch.responses))
     assert codec.decode(frames).payload == batch
+
+
+def test_a_kept_compressed_frame_costs_about_its_length() -> None:
+    """python-zstandard returns bytes sized for zstd's worst case; the codec hands back a right-sized copy,
+    so frames an agent keeps for resends (or a benchmark builds ahead) cost their length, not ~4x it."""
+    import os
+    import tracemalloc
+
+    codec = FrameCodec()
+    payload = os.urandom(4000) + b"ranking features " * 4000  # compresses to ~4 kB of 72 kB
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        bodies = [codec.encode_raw(pb.MESSAGE_KIND_REQUEST_BATCH, payload, 1)[1] for _ in range(50)]
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    length = sum(len(b) for b in bodies)
+    assert length < len(payload) * 50 / 5  # it did compress
+    assert held < 1.5 * length + 50 * 1024, (held, length)

@@ -275,25 +275,12 @@ async def test_start_with_the_server_down_reports_not_serving() -> None:
         ({"url": "127.0.0.1:8001", "pins": {"m": "latest"}}, "pins"),
         ({"url": "127.0.0.1:8001", "health_interval_s": 0}, "health_interval_s"),
         ({"url": "127.0.0.1:8001", "colour": "blue"}, "colour"),
-        ({"url": "127.0.0.1:8001", "tls": "yes"}, "'tls' must be true or false"),
-        ({"url": "127.0.0.1:8001", "tls_ca_file": "/ca.pem"}, "'tls_ca_file' needs tls = true"),
-        ({"url": "127.0.0.1:8001", "tls": True, "tls_cert_file": "/c.pem"}, "go together"),
-        ({"url": "127.0.0.1:8001", "tls": True, "tls_server_name": ""}, "tls_server_name"),
     ],
 )
 def test_bad_options_are_refused_naming_the_key(options: dict[str, object], key: str) -> None:
     """Config mistakes fail at load time with the key named."""
     with pytest.raises(ValueError, match=key):
         KServeOptions.from_mapping("triton", options)
-
-
-async def test_an_unreadable_tls_file_fails_the_start_naming_the_option(tmp_path: Path) -> None:
-    """A CA file that cannot be read stops the backend's start (and so the gateway's) with the option named,
-    instead of a backend that can never connect."""
-    remote = triton_backend("127.0.0.1:9", tls=True, tls_ca_file=str(tmp_path / "missing.pem"))
-    with pytest.raises(ValueError, match=r"tls_ca_file.*missing\.pem"):
-        await remote.start()
-    await remote.aclose()
 
 
 async def test_mutual_tls_to_a_tritonserver_that_requires_it(triton_repository: Path, tmp_path: Path) -> None:

@@ -210,6 +210,24 @@ async def test_failed_repository_rescans_are_exported(models_dir: Path, tmp_path
     assert all(r.status == pb.STATUS_OK for r in responses), [r.error_message for r in responses]
 
 
+async def test_failed_remote_server_checks_are_exported(models_dir: Path) -> None:
+    """A triton backend whose server is not there: its failed checks are counted per backend in
+    hkgw_backend_check_failures_total (the embedded backend has none to count), the gateway serving on."""
+    from gateway.testing_servers import free_port
+
+    url = f"127.0.0.1:{free_port()}"
+    down = {"type": "triton", "url": url, "health_interval_s": 0.1, "control_timeout_s": 0.2}
+    async with run_gateway(models_dir=models_dir, backends={"down": down}) as gw:
+        registry = gw.metrics.registry
+
+        def failures(backend: str) -> float | None:
+            return registry.get_sample_value("hkgw_backend_check_failures_total", {"backend": backend})
+
+        await wait_for(lambda: (failures("down") or 0.0) >= 2.0)
+        assert failures("embedded") is None
+        assert (await get(gw, "/healthz"))[0] == 200
+
+
 @pytest.mark.parametrize(
     ("raws", "expected"),
     [
