@@ -10,13 +10,18 @@ import sys
 import zmq
 
 
-def serve(endpoint: str) -> None:
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
+def bound_router(endpoint: str) -> zmq.Socket[bytes]:
+    """A ROUTER bound on ``endpoint`` with deep queues; its address printed for bench.gateway_bench.Peer."""
+    sock: zmq.Socket[bytes] = zmq.Context().socket(zmq.ROUTER)
     sock.setsockopt(zmq.RCVHWM, 20000)
     sock.setsockopt(zmq.SNDHWM, 20000)
     sock.bind(endpoint)
     print(sock.get_string(zmq.LAST_ENDPOINT), flush=True)
+    return sock
+
+
+def serve(endpoint: str) -> None:
+    sock = bound_router(endpoint)
     while True:
         sock.send_multipart(sock.recv_multipart(copy=False), copy=False)
 

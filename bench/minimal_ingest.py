@@ -14,8 +14,7 @@ from __future__ import annotations
 import sys
 from collections import OrderedDict
 
-import zmq
-
+from bench.echo import bound_router
 from edgewire import FrameCodec, FrameError, pb, repeated_field
 
 RESPONSES = pb.ResponseBatch.DESCRIPTOR.fields_by_name["responses"].number
@@ -23,12 +22,7 @@ DEDUPE_MAX = 1_000_000
 
 
 def serve(endpoint: str) -> None:
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.RCVHWM, 20000)
-    sock.setsockopt(zmq.SNDHWM, 20000)
-    sock.bind(endpoint)
-    print(sock.get_string(zmq.LAST_ENDPOINT), flush=True)
+    sock = bound_router(endpoint)
     codec = FrameCodec()
     seen: OrderedDict[bytes, None] = OrderedDict()
     while True:

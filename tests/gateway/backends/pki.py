@@ -23,6 +23,15 @@ class Pki:
     client_cert: Path
     client_key: Path
 
+    def mutual_tls(self) -> dict[str, object]:
+        """A KServe backend's options for mutual TLS with this PKI: its CA and the client pair."""
+        return {
+            "tls": True,
+            "tls_ca_file": str(self.ca),
+            "tls_cert_file": str(self.client_cert),
+            "tls_key_file": str(self.client_key),
+        }
+
 
 def _name(common: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])

@@ -64,12 +64,7 @@ async def test_an_unusable_tls_file_fails_the_start_naming_the_option(
     placeholder.write_text("unset")
     junk = tmp_path / "junk.pem"
     junk.write_text("-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n")
-    mutual = {
-        "tls": True,
-        "tls_ca_file": str(pki.ca),
-        "tls_cert_file": str(pki.client_cert),
-        "tls_key_file": str(pki.client_key),
-    }
+    mutual = pki.mutual_tls()
     options = {
         "missing CA": {**mutual, "tls_ca_file": str(tmp_path / "missing.pem")},
         "CA is not PEM": {**mutual, "tls_ca_file": str(junk)},
@@ -86,12 +81,7 @@ async def test_good_files_and_the_hosts_roots_start(pki: Pki) -> None:
     """The CA and a matching client pair start the backend (NOT_SERVING here: nothing listens); so does
     tls = true alone, which trusts the host's CA file."""
     for options in (
-        {
-            "tls": True,
-            "tls_ca_file": str(pki.ca),
-            "tls_cert_file": str(pki.client_cert),
-            "tls_key_file": str(pki.client_key),
-        },
+        pki.mutual_tls(),
         {"tls": True},
     ):
         remote = backend(**options)

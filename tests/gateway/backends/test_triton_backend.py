@@ -292,12 +292,7 @@ async def test_mutual_tls_to_a_tritonserver_that_requires_it(triton_repository: 
     other = make_pki(tmp_path / "other", ca_name="another CA")
     tls = TritonTls(pki.server_cert, pki.server_key, client_ca=pki.ca)
     server = TritonServer(triton_repository, (RANKING_MODEL,), log_path=tmp_path / "triton.log", tls=tls)
-    mutual = {
-        "tls": True,
-        "tls_ca_file": str(pki.ca),
-        "tls_cert_file": str(pki.client_cert),
-        "tls_key_file": str(pki.client_key),
-    }
+    mutual = pki.mutual_tls()
     attempts = {
         "by address": mutual,
         "by name": {**mutual, "tls_server_name": SERVER_NAME},
