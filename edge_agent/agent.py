@@ -28,7 +28,7 @@ from edge_agent.ops import AgentHttp
 from edge_agent.spool import GroupCommit, Spool
 from edge_agent.uplink import Uplink, send_nowait
 from edgewire import DictionaryStore, FrameCodec, FrameError, is_valid_id, labels, new_id, now_unix_us, pb
-from gateway.ops.logs import configure_logging
+from gateway.ops.logs import LogSettings
 from gateway.profile import profile_of, wire_priority
 from routing.holder import PolicyHolder
 from routing.types import Priority, Tier
@@ -68,7 +68,7 @@ class EdgeAgent:
         self.config = config
         self._curve = curve
         self.policy = PolicyHolder(config.routing)
-        self._logging = config.logging  # as the CLI configured it; SIGHUP may change it
+        self._logging = LogSettings(config.logging)  # SIGHUP may change it
         self.stats = AgentStats()
         self.local: LocalTier | None = None
         self.spool: Spool | None = None
@@ -187,10 +187,7 @@ class EdgeAgent:
         except Exception as exc:  # noqa: BLE001  (any reload failure keeps the running policy)
             log.error("reload failed; keeping the running config", error=str(exc))
             return False
-        logging_changed = fresh.logging != self._logging
-        if logging_changed:
-            configure_logging(fresh.logging)
-            self._logging = fresh.logging
+        logging_changed = self._logging.apply(fresh.logging)
         log.info("reloaded", policy_changed=changed, logging_changed=logging_changed)
         return True
 

@@ -133,17 +133,6 @@ class HttpConfig(_Section):
     admin_token_file: Path | None = None
 
 
-def read_admin_token(path: Path) -> str:
-    """The token in ``path`` (surrounding whitespace dropped); a ValueError says why it is unusable."""
-    try:
-        token = path.read_text().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"cannot read {path}: {exc}") from None
-    if len(token) < 16:
-        raise ValueError(f"{path}: the token must be at least 16 characters")
-    return token
-
-
 class LimitsConfig(_Section):
     max_header_bytes: int = Field(default=1024, ge=64)
     max_frame_bytes: int = Field(default=8 << 20, ge=1024)

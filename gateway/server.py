@@ -26,7 +26,7 @@ from edgewire import CodecLimits, DictionaryStore, FrameCodec
 from gateway.backends.base import Backend, HealthChecked, Rescanning, create
 from gateway.capture.recorder import CaptureRecorder
 from gateway.capture.redact import Redactor
-from gateway.config import GatewayConfig, load_config, read_admin_token
+from gateway.config import GatewayConfig, load_config
 from gateway.dispatch.breaker import CircuitBreaker
 from gateway.dispatch.cpu import CpuStage, default_workers
 from gateway.dispatch.pool import PoolDispatcher
@@ -41,8 +41,8 @@ from gateway.ingress.auth import (
 )
 from gateway.ingress.carrier import CarrierIngress
 from gateway.ops.health import CarrierProbe, CarrierState, HealthSnapshot, Hysteresis, raw_state
-from gateway.ops.http import HealthServer
-from gateway.ops.logs import configure_logging
+from gateway.ops.http import HealthServer, read_admin_token
+from gateway.ops.logs import LogSettings
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.notify import SystemdNotifier
 from gateway.ops.runtime import freeze_startup_objects
@@ -77,18 +77,22 @@ class Gateway:
         self.notifier = notifier or SystemdNotifier()
         self.metrics = GatewayMetrics(models=config.routing.models)
         self.policy = PolicyHolder(config.routing)
-        self._logging = config.logging  # as the CLI configured it; SIGHUP may change it
+        self._logging = LogSettings(config.logging)  # SIGHUP may change it
         self.draining = False
         self.carriers: dict[str, CarrierIngress] = {}
         self.pools: dict[str, PoolDispatcher] = {}
         self.backends: dict[str, Backend] = {}
-        self.metrics.count_backend_failures(
-            rescans=lambda: {
-                n: b.rescan_failures for n, b in self.backends.items() if isinstance(b, Rescanning)
-            },
-            checks=lambda: {
-                n: b.refresh_failures for n, b in self.backends.items() if isinstance(b, HealthChecked)
-            },
+        self.metrics.read_counters(
+            "backend_rescan_failures",
+            "Periodic model repository rescans that failed (the loaded models stay served)",
+            "backend",
+            lambda: {n: b.rescan_failures for n, b in self.backends.items() if isinstance(b, Rescanning)},
+        )
+        self.metrics.read_counters(
+            "backend_check_failures",
+            "Remote server checks that failed (the backend is NOT_SERVING until one succeeds)",
+            "backend",
+            lambda: {n: b.refresh_failures for n, b in self.backends.items() if isinstance(b, HealthChecked)},
         )
         self.ingest: Ingest | None = None
         self.http: HealthServer | None = None
@@ -366,10 +370,7 @@ class Gateway:
         changed = self.policy.apply(fresh.routing)
         if self._auth is not None and agents is not None:
             self._auth.replace(agents)
-        logging_changed = fresh.logging != self._logging
-        if logging_changed:  # e.g. debug for a while, without a restart
-            configure_logging(fresh.logging)
-            self._logging = fresh.logging
+        logging_changed = self._logging.apply(fresh.logging)  # e.g. debug for a while, without a restart
         self.metrics.reloads.labels("ok").inc()
         log.info(
             "reloaded",

@@ -11,6 +11,7 @@ import hmac
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -21,6 +22,17 @@ from gateway.ops.metrics import GatewayMetrics
 # PowerDNS ifurlup needs exactly 200 and Route 53 matches on the first 5120 bytes: keep bodies short.
 _TEXT = "text/plain"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def read_admin_token(path: Path) -> str:
+    """The token in ``path`` (surrounding whitespace dropped); a ValueError says why it is unusable."""
+    try:
+        token = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from None
+    if len(token) < 16:
+        raise ValueError(f"{path}: the token must be at least 16 characters")
+    return token
 
 
 class HealthServer:

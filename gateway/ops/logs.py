@@ -29,3 +29,19 @@ def configure_logging(config: LoggingConfig) -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
+
+
+class LogSettings:
+    """The logging configuration in force (as the command line set it up); a reload applies another one,
+    and only when it differs."""
+
+    def __init__(self, current: LoggingConfig) -> None:
+        self.current = current
+
+    def apply(self, config: LoggingConfig) -> bool:
+        """Reconfigure to ``config`` if it differs; True when it did."""
+        if config == self.current:
+            return False
+        configure_logging(config)
+        self.current = config
+        return True

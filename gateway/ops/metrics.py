@@ -230,24 +230,10 @@ class GatewayMetrics:
             self.admin_refused.labels(reason)
         self.capture_active = Gauge(f"{NS}_capture_active", "1 while traffic capture is on", registry=r)
 
-    def count_backend_failures(
-        self, rescans: Callable[[], Mapping[str, int]], checks: Callable[[], Mapping[str, int]]
-    ) -> None:
-        """Export backend name -> failed periodic repository rescans (``rescans()``) and failed remote
-        server checks (``checks()``), read at each scrape."""
-        for name, doc, read in (
-            (
-                "rescan",
-                "Periodic model repository rescans that failed (the loaded models stay served)",
-                rescans,
-            ),
-            (
-                "check",
-                "Remote server checks that failed (the backend is NOT_SERVING until one succeeds)",
-                checks,
-            ),
-        ):
-            self.registry.register(_ReadCounters(f"{NS}_backend_{name}_failures", doc, "backend", read))
+    def read_counters(self, name: str, doc: str, label: str, read: Callable[[], Mapping[str, int]]) -> None:
+        """Export ``hkgw_<name>_total{label}`` from ``read()`` (label value -> count) at each scrape: for
+        counts that other objects keep."""
+        self.registry.register(_ReadCounters(f"{NS}_{name}", doc, label, read))
 
     def child(self, metric: M, *labels: str) -> M:
         """``metric.labels(*labels)``, cached: the label sets are bounded and the hot path asks often."""
