@@ -11,7 +11,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edgewire import pb
-from gateway.pipeline.ranking import RankingPipeline, dense_features, top_k_order
+from gateway.pipeline.ranking import (
+    RankingPipeline,
+    dense_features,
+    packed_floats32,
+    top_k_order,
+    top_k_orders,
+)
 from gateway.pipeline.tensor import InvalidInput
 from tests.gateway.backends.serving import synthetic
 from tests.gateway.pipeline.specs import demo_spec
@@ -148,6 +154,43 @@ def test_top_k_order_equals_a_stable_sort(scores: list[float], k: int) -> None:
     keys = [float("inf") if math.isnan(s) else -s for s in scores]
     want = sorted(range(len(scores)), key=lambda i: (keys[i], i))[: k or len(scores)]
     assert top_k_order(array, k).tolist() == want
+
+
+@given(
+    requests=st.lists(
+        st.tuples(
+            st.lists(
+                st.sampled_from([0.0, 0.25, 0.5, 1.0, float("-inf"), float("nan")]), min_size=1, max_size=30
+            ),
+            st.integers(0, 35),
+        ),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_top_k_of_a_whole_batch_equals_each_request_sorted_alone(
+    requests: list[tuple[list[float], int]],
+) -> None:
+    """One sort over the batch gives every request's own top-k: (score descending, position), NaN and
+    -inf last in position order, cut to its k; the requests' choices follow one another."""
+    scores = np.array([s for own, _ in requests for s in own], dtype=np.float32)
+    chosen, lengths = top_k_orders(
+        scores, [len(own) for own, _ in requests], np.array([k for _, k in requests])
+    )
+    start = end = 0
+    for (own, k), length in zip(requests, lengths.tolist(), strict=True):
+        keys = [math.inf if math.isnan(s) else -s for s in own]
+        want = sorted(range(len(own)), key=lambda i: (keys[i], i))[: k or len(own)]
+        assert (chosen[end : end + length] - start).tolist() == want
+        start, end = start + len(own), end + length
+    assert end == len(chosen)
+
+
+def test_unpacked_and_packed_float_parts_read_alike() -> None:
+    """A field read value by value (an array) joins packed bytes in their order."""
+    packed = np.array([1.5, -2.0], dtype="<f4").tobytes()
+    got = packed_floats32([packed, np.array([3.0], dtype=np.float32), packed])
+    assert got.dtype == np.float32 and got.tolist() == [1.5, -2.0, 3.0, 1.5, -2.0]
 
 
 def break_width(r: pb.RankingFeatures) -> None:
