@@ -131,13 +131,13 @@ async def through_pool(seconds: float, workers: int, inflight: int) -> dict[str,
     all_specs = specs()
     found = requests_by_model(BATCH * 4)
     rng = np.random.default_rng(2)
-    jobs: list[tuple[str, ModelSpec, list[bytes], dict[str, np.ndarray]]] = []
+    jobs: list[tuple[str, ModelSpec, list[pb.InferRequest], dict[str, np.ndarray]]] = []
     for model, kind in KINDS.items():
         spec = all_specs[model]
         for i in range(0, len(found[model]), BATCH):
-            payloads = [r.SerializeToString() for r in found[model][i : i + BATCH]]
-            rows = int(next(iter(worker.prepare_batch(kind, spec, payloads).inputs.values())).shape[0])
-            jobs.append((kind, spec, payloads, fake_outputs(spec, rows, rng)))
+            requests = found[model][i : i + BATCH]
+            rows = int(next(iter(worker.prepare_requests(kind, spec, requests).inputs.values())).shape[0])
+            jobs.append((kind, spec, requests, fake_outputs(spec, rows, rng)))
     stage = CpuStage(
         workers, "process", GatewayMetrics(DEMO_MODELS), inline_max_requests=0, arena_slots=2 * inflight
     )
@@ -156,14 +156,14 @@ async def through_pool(seconds: float, workers: int, inflight: int) -> dict[str,
             last = now
 
     async def runner(offset: int) -> None:
-        for kind, spec, payloads, outputs in itertools.islice(itertools.cycle(jobs), offset, None):
+        for kind, spec, requests, outputs in itertools.islice(itertools.cycle(jobs), offset, None):
             if time.monotonic() >= stop:
                 return
-            prepared = await stage.prepare(kind, spec, payloads)
+            prepared = await stage.prepare(kind, spec, requests)
             stage.release(prepared)  # the backend call would be here
-            kept = [payloads[i] for i in prepared.kept]
+            kept = [requests[i] for i in prepared.kept]
             await stage.finish(kind, prepared, outputs, kept)
-            done["requests"] += len(payloads)
+            done["requests"] += len(requests)
             done["batches"] += 1
 
     before, start = _cpu_times(), time.monotonic()

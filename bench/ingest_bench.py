@@ -606,26 +606,38 @@ under this load (py-spy, cProfile):
    collection scanned the ~80k objects of imports, models and config, ~40 ms with the loop stopped, and
    now takes ~1 ms (gc callbacks in the gateway after a load run). It changes no throughput: in a 5 s
    ingest run the collector ran ~100 young collections, ~45 ms in all, either way.
+10. Ranking `finish` ranks a whole batch in one stable sort by (request, score) instead of a partition and
+    a sort per request (~10 numpy calls each), and `prepare` joins the batch's packed dense features and
+    counts its tags in one call each: per request in one process, finish 17.5 -> 5.8 us and prepare
+    33.7 -> 29.1 us (batches of 100). The ingest rate, two alternating runs of three each, old code
+    11.6k / 11.1k / 11.0k and 10.2k / 9.2k / 10.6k, new code 12.9k / 12.5k / 12.8k and 12.8k / 12.0k /
+    12.3k records/s.
 
-What limits it now: the gateway process's one thread. Under this load it is busy ~70% of the time
-(py-spy), the CPU worker ~50%: ~55 us of Python per request in the loop (decode and screening ~10 us,
-routing profile + decision + queueing ~20 us, serving the batch and reading the worker's answers ~15 us,
-answering and the reply frame ~10 us) and ~35 us per request in the worker (ranking features for ~60
-candidates, top-k, serializing the outputs). A batch alternates between the two (prepare in the worker,
-infer and answers in the loop, finish in the worker) and each waits on the other part of the time.
-150k records/s on two cores leaves 13 us of CPU per record for everything. Python itself is not the
-floor: the minimal ingest row (one process: the same codec checks and decode, a dedupe set, the Ack and
-an empty answer per request, with this driver and these frames) shows what is left when the gateway's
+What limits it now: the gateway process's one thread. Under this load (per-thread CPU from /proc,
+2026-11-30 12:20 UTC) the loop uses 0.75 of a core, the CPU worker 0.5, the machine is ~75% busy: ~70 us
+of the loop's CPU per request. Timed per call with thread CPU clocks: screening a request ~4 us, routing
+it and queueing it ~21 us (profile + decision ~10, WorkItem and pool submit ~6), decoding ~5 us,
+answering ~12 us (the response and its metrics), the reply frame ~5 us; the rest is per batch: a frame of
+100 mixed requests becomes ~4 batches (ranking, text per length bucket, the few long requests routed to
+the cloud pools; 1,551 batches for 40,000 requests, ~26 each, those of the cloud pools ~2 each), each with
+a task, two worker round trips (pickled task and answer), arena bookkeeping and a backend call. 150k
+records/s on two cores leaves 13 us of CPU per record for everything. Python itself is not the floor:
+the minimal ingest row (one process: the same codec checks and decode, a dedupe set, the Ack and an
+empty answer per request, with this driver and these frames) shows what is left when the gateway's
 features are gone. What the gateway adds per request is the cost: the routing profile and decision, a
-WorkItem in a pool queue, batching, the CPU stage's pipeline (~35 us of feature assembly and top-k per
-ranking request in the worker alone, ~28k requests/s per core), per-request answers and metrics.
-Reaching 150k/s with them needs that work per group of a frame instead of per request (requests kept as
-serialized bytes end to end, routing and queueing per group, answers assembled from worker-written bytes)
-and the pipelines on more cores than two, or compiled. The latency target meets the same wall: a lone
-realtime request costs the gateway 430-810 us of CPU (measured from /proc at 2000/s .. 500/s: decode,
-route, ack, prepare, infer, finish, answer, two ZeroMQ sends of ~25 us CPU each), so 2000 single-request
-frames a second keep its loop nearly saturated and its p99 is queueing. Those are changes of the whole
-ingest path, not tuning; this command is the gauge for them.
+WorkItem in a pool queue, batching, the CPU stage's pipeline (~29 us of feature assembly and ~6 us of
+top-k per ranking request in the worker, ~10 us of it in the Rust tokenizer per text request),
+per-request answers and metrics. Reaching 150k/s with them needs that work per group of a frame instead
+of per request (requests kept as serialized bytes end to end, routing and queueing per group, answers
+assembled from worker-written bytes) and the pipelines on more cores than two, or compiled. The latency
+target meets the same wall: a lone realtime request costs the gateway 430-810 us of CPU (measured from
+/proc at 2000/s .. 500/s: decode, route, ack, prepare, infer, finish, answer, two ZeroMQ sends of ~25 us
+CPU each; each step costs two to four times its cost inside a busy batch, its code and data no longer in
+the CPU's caches), so 2000 single-request frames a second keep its loop nearly saturated and its p99 is
+queueing. Sending those small batches to the idle CPU worker instead (`[cpu] inline_max_requests = 0`)
+saves the loop little (~600 -> ~570 us per request at 1000/s: the hand-off costs about what the pipeline
+did) and puts p50 at 10-13 ms. Those are changes of the whole ingest path, not tuning; this command is
+the gauge for them.
 
 Memory: the 10k run on a fresh gateway stays well under 500 MB. After the other runs (three ingest runs,
 the latency runs) the dedupe window holds ~300k ids (~134 bytes each), the response cache is at its

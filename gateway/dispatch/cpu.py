@@ -19,13 +19,14 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 import structlog
 
+from edgewire import pb
 from gateway.backends.base import BackendError, ModelSpec
 from gateway.dispatch.arena import FeatureArena, Slot, shm_free_bytes
 from gateway.dispatch.workers import TaskTimedOut, WorkerDied, WorkerPool
 from gateway.ops.metrics import GatewayMetrics
 from gateway.pipeline import worker
 from gateway.pipeline.base import Prepared
-from gateway.pipeline.registry import CHEAP_PIPELINES
+from gateway.pipeline.registry import CHEAP_PIPELINES, LOOP_PIPELINES
 
 log = structlog.get_logger("gateway.cpu")
 CpuMode = Literal["process", "thread"]
@@ -111,15 +112,24 @@ class CpuStage:
     def pids(self) -> list[int]:
         return self._processes.pids() if self._processes is not None else []
 
-    async def prepare(self, pipeline: str, spec: ModelSpec, payloads: Sequence[bytes]) -> Prepared:
-        """The batch's input tensors; call :meth:`release` once the backend call that used them is over."""
+    async def prepare(self, pipeline: str, spec: ModelSpec, requests: Sequence[pb.InferRequest]) -> Prepared:
+        """The batch's input tensors; call :meth:`release` once the backend call that used them is over.
+
+        Run on the event loop or a local thread (see :meth:`_local`) with the requests as they are, or in a
+        worker process: the requests serialized into an arena slot, the tensors written back there.
+        """
+        local = self._local(pipeline, requests)
+        if local == "loop":
+            return worker.prepare_requests(pipeline, spec, requests)
+        if local == "thread":
+            return await self._in_thread(worker.prepare_requests, pipeline, spec, requests)
+        payloads = [request.SerializeToString() for request in requests]
         arena = self.arena
-        if arena is None or self._runs_here(payloads):
-            return await self._run(pipeline, payloads, worker.prepare_batch, pipeline, spec, payloads)
-        slot = arena.borrow()
-        if slot is None:
-            self._metrics.child(self._metrics.cpu_arena_fallbacks, "no_free_slot").inc()
-            return await self._run(pipeline, payloads, worker.prepare_batch, pipeline, spec, payloads)
+        slot = None if arena is None else arena.borrow()
+        if arena is None or slot is None:
+            if arena is not None:
+                self._metrics.child(self._metrics.cpu_arena_fallbacks, "no_free_slot").inc()
+            return await self._in_worker(worker.prepare_batch, pipeline, spec, payloads)
         lengths = arena.put_payloads(slot, payloads)
         shipped = () if lengths is not None else payloads
         prepared = await self._in_worker(
@@ -142,27 +152,48 @@ class CpuStage:
             prepared.slot = None
 
     async def finish(
-        self, pipeline: str, prepared: Prepared, outputs: Mapping[str, np.ndarray], payloads: Sequence[bytes]
+        self,
+        pipeline: str,
+        prepared: Prepared,
+        outputs: Mapping[str, np.ndarray],
+        requests: Sequence[pb.InferRequest],
     ) -> list[bytes]:
-        """Per kept request, its outputs as response bytes. ``payloads`` (the kept requests) decide where
-        it runs; they are not sent: what finish needs beyond the outputs travels in ``prepared.extras``."""
-        return await self._run(
-            pipeline, payloads, worker.finish_batch, pipeline, worker.without_inputs(prepared), outputs
-        )
+        """Per kept request, its outputs as response bytes. ``requests`` (the kept ones) decide where it
+        runs; they are not sent: what finish needs beyond the outputs travels in ``prepared.extras``."""
+        light = worker.without_inputs(prepared)
+        local = self._local(pipeline, requests)
+        if local == "loop":
+            return worker.finish_batch(pipeline, light, outputs)
+        if local == "thread":
+            return await self._in_thread(worker.finish_batch, pipeline, light, outputs)
+        return await self._in_worker(worker.finish_batch, pipeline, light, outputs)
 
-    def _runs_here(self, payloads: Sequence[bytes]) -> bool:
-        """True when the batch is small enough to run in this process (no worker, no arena)."""
-        return self._inline is not None and len(payloads) <= self.inline_max_requests
+    def _local(self, pipeline: str, requests: Sequence[pb.InferRequest]) -> Literal["loop", "thread", ""]:
+        """Where a batch runs in this process: "loop", "thread", or "" (a worker process).
 
-    async def _run(self, pipeline: str, payloads: Sequence[bytes], fn: Callable[..., T], *args: Any) -> T:
-        if self._runs_here(payloads):
-            if pipeline in CHEAP_PIPELINES and sum(map(len, payloads)) <= ON_LOOP_MAX_BYTES:
-                # Tens of microseconds of work: a thread hand-off each way would cost more than that
-                # and add its own latency. Image decoding (milliseconds) never runs here, nor a
-                # request big enough (thousands of candidates) to hold the loop up.
-                return fn(*args)
-            return await asyncio.get_running_loop().run_in_executor(self._inline, fn, *args)
-        return await self._in_worker(fn, *args)
+        On the event loop: pipelines that only move bytes (``LOOP_PIPELINES``), at any size; and batches of
+        at most ``inline_max_requests`` of the pipelines that cost tens of microseconds per request
+        (``CHEAP_PIPELINES``, up to ``ON_LOOP_MAX_BYTES``), where a hand-off each way would cost more than
+        the work and add its own latency. Image decoding (milliseconds) never runs there, nor a request
+        big enough (thousands of candidates) to hold the loop up: small batches of those go to one local
+        thread. In ``thread`` mode everything else runs on the threads.
+        """
+        if pipeline in LOOP_PIPELINES:
+            return "loop"
+        if self._processes is None:
+            return "thread"
+        if self._inline is None or len(requests) > self.inline_max_requests:
+            return ""
+        if pipeline in CHEAP_PIPELINES and sum(r.ByteSize() for r in requests) <= ON_LOOP_MAX_BYTES:
+            return "loop"
+        return "thread"
+
+    async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the stage's threads (``thread`` mode) or its one inline thread."""
+        executor = self._threads if self._processes is None else self._inline
+        if executor is None:
+            raise BackendError("CPU stage is closed", retryable=True, status="UNAVAILABLE")
+        return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
 
     async def _in_worker(self, fn: Callable[..., T], *args: Any, lent: Slot | None = None) -> T:
         """``fn(*args)`` in a worker. ``lent``: an arena slot the call writes into, given back when the

@@ -334,10 +334,10 @@ class PoolDispatcher:
         if not self.breaker.allow(now):
             self._fail(items, BackendError("circuit breaker open", retryable=True, status="UNAVAILABLE"))
             return
-        payloads = [item.request.SerializeToString() for item in items]
+        requests = [item.request for item in items]
         t_pre = time.perf_counter()
         try:
-            prepared = await self._cpu.prepare(spec.pipeline, spec, payloads)
+            prepared = await self._cpu.prepare(spec.pipeline, spec, requests)
         except BackendError as exc:  # the CPU stage lost a worker: not the backend's fault
             self._fail(items, exc)
             return
@@ -351,7 +351,7 @@ class PoolDispatcher:
         result, kept, t_post = outcome
         try:
             outputs = await self._cpu.finish(
-                spec.pipeline, prepared, result.outputs, [payloads[i] for i in prepared.kept]
+                spec.pipeline, prepared, result.outputs, [requests[i] for i in prepared.kept]
             )
         except BackendError as exc:
             self._fail(kept, exc)

@@ -30,6 +30,10 @@ PADDED_PIPELINES: Final = frozenset({"text"})
 CHEAP_PIPELINES: Final = frozenset({"ranking", "text", "tensor"})
 """Pipelines that cost tens of microseconds per request (image decoding costs milliseconds): their small
 batches run on the gateway's event loop instead of paying for a thread or process hand-off."""
+LOOP_PIPELINES: Final = frozenset({"tensor"})
+"""Pipelines that only move bytes (wire tensors decoded and stacked: two copies): every batch of theirs runs
+on the event loop. Shipping it to a worker would cost the loop as many copies (serializing the requests,
+writing them to the arena) and the worker more (parsing, decoding, stacking, writing back)."""
 REJECT_LABELS: Final = tuple(label.value for label in InvalidInput)
 """Every label a pipeline drops a request with (for pre-registering metric series)."""
 

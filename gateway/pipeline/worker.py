@@ -37,13 +37,20 @@ def prepare_batch(
     )
     # FromString takes any buffer; the stubs say bytes
     requests = [pb.InferRequest.FromString(p) for p in sources]  # type: ignore[arg-type]
-    prepared = pipeline_for(pipeline).prepare(requests, spec)
-    prepared.spec = spec
+    prepared = prepare_requests(pipeline, spec, requests)
     if slot is not None and prepared.inputs:
         placed = place(slot, prepared.inputs, start=sum(lengths))
         if placed is not None:
             prepared.inputs = {}
             prepared.placed = placed
+    return prepared
+
+
+def prepare_requests(pipeline: str, spec: ModelSpec, requests: Sequence[pb.InferRequest]) -> Prepared:
+    """The batch's input tensors from requests already parsed (the gateway's own, on its event loop or a
+    local thread: nothing to serialize and parse again)."""
+    prepared = pipeline_for(pipeline).prepare(requests, spec)
+    prepared.spec = spec
     return prepared
 
 

@@ -6,6 +6,8 @@ import asyncio
 import io
 import os
 import signal
+import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +16,14 @@ import pytest
 from PIL import Image
 
 from edgewire import pb
-from gateway.backends.base import BackendError
+from gateway.backends.base import BackendError, ModelSpec, TensorSpec
 from gateway.dispatch import cpu as cpu_module
 from gateway.dispatch.arena import ALIGN, FeatureArena, place
 from gateway.dispatch.cpu import CpuStage
 from gateway.ops.metrics import GatewayMetrics
+from gateway.pipeline import worker as worker_module
+from gateway.pipeline.base import Prepared
+from gateway.pipeline.tensor import tensor_from_array
 from gateway.testing import WireClient, fresh_requests, run_gateway, wait_for
 from tests.gateway.daemon.test_serving import synthetic
 from tests.gateway.pipeline.specs import demo_spec
@@ -83,7 +88,7 @@ async def test_a_hung_task_fails_its_batch_for_good_and_gives_its_slot_back() ->
         assert stage.arena.free == 2
         assert metrics.registry.get_sample_value("hkgw_cpu_task_timeouts_total") == 1
         prepared = await stage.prepare(
-            "ranking", demo_spec("rank-mlp"), _payloads(4, pb.REQUEST_KIND_RANKING, seed=75)
+            "ranking", demo_spec("rank-mlp"), _requests(4, pb.REQUEST_KIND_RANKING, seed=75)
         )
         assert prepared.kept == [0, 1, 2, 3]
         stage.release(prepared)
@@ -95,21 +100,21 @@ def _stage(metrics: GatewayMetrics | None = None, **kwargs: Any) -> CpuStage:
     return CpuStage(1, "process", metrics or GatewayMetrics(()), inline_max_requests=0, **kwargs)
 
 
-def _payloads(n: int, kind: int, seed: int) -> list[bytes]:
-    return [r.SerializeToString() for r in synthetic(n, seed=seed, kind=kind)]
+def _requests(n: int, kind: int, seed: int) -> list[pb.InferRequest]:
+    return list(synthetic(n, seed=seed, kind=kind))
 
 
 async def test_tensors_through_the_arena_equal_those_through_the_pipe() -> None:
     """Prepared tensors read from shared memory equal the same batch returned through the pipe; the slot
     is lent for the backend call and back afterwards."""
     spec = demo_spec("rank-mlp")
-    payloads = _payloads(16, pb.REQUEST_KIND_RANKING, seed=71)
+    requests = _requests(16, pb.REQUEST_KIND_RANKING, seed=71)
     piped, shared = _stage(arena_slots=0), _stage(arena_slots=2)
     for stage in (piped, shared):
         stage.start()
     try:
-        expected = await piped.prepare(spec.pipeline, spec, payloads)
-        got = await shared.prepare(spec.pipeline, spec, payloads)
+        expected = await piped.prepare(spec.pipeline, spec, requests)
+        got = await shared.prepare(spec.pipeline, spec, requests)
         assert shared.arena is not None
         assert got.slot is not None
         assert shared.arena.free == 1
@@ -129,12 +134,12 @@ async def test_tensors_through_the_arena_equal_those_through_the_pipe() -> None:
 async def test_a_batch_too_large_for_a_slot_comes_through_the_pipe_and_is_counted() -> None:
     """Tensors bigger than a slot travel the ordinary way, whole, and the fallback is counted."""
     spec = demo_spec("rank-mlp")
-    payloads = _payloads(16, pb.REQUEST_KIND_RANKING, seed=72)
+    requests = _requests(16, pb.REQUEST_KIND_RANKING, seed=72)
     metrics = GatewayMetrics(())
     stage = _stage(metrics, arena_slots=2, arena_slot_bytes=4096)
     stage.start()
     try:
-        got = await stage.prepare(spec.pipeline, spec, payloads)
+        got = await stage.prepare(spec.pipeline, spec, requests)
         assert stage.arena is not None
         assert got.slot is None
         assert stage.arena.free == 2
@@ -156,12 +161,12 @@ async def test_a_cancelled_prepare_keeps_its_slot_until_the_worker_has_finished_
         kind=pb.REQUEST_KIND_IMAGE,
         image=pb.ImageInput(data=jpeg.getvalue(), format=pb.IMAGE_FORMAT_JPEG, width=3000, height=3000),
     )
-    payloads = [request.SerializeToString()] * 12  # 9-megapixel decodes: about a second of work
+    requests = [request] * 12  # 9-megapixel decodes: about a second of work
     stage = _stage(arena_slots=1)
     stage.start()
     try:
         await stage.warm_up()
-        task = asyncio.create_task(stage.prepare(spec.pipeline, spec, payloads))
+        task = asyncio.create_task(stage.prepare(spec.pipeline, spec, requests))
         await asyncio.sleep(0.1)  # the worker has the batch and is decoding
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -208,14 +213,76 @@ async def test_the_arena_fits_in_the_room_dev_shm_has(
     none, and batches still come back whole through the pipe."""
     monkeypatch.setattr(cpu_module, "shm_free_bytes", lambda: free_mb << 20)
     spec = demo_spec("rank-mlp")
-    payloads = _payloads(16, pb.REQUEST_KIND_RANKING, seed=75)
+    requests = _requests(16, pb.REQUEST_KIND_RANKING, seed=75)
     stage = _stage(arena_slots=8, arena_slot_bytes=8 << 20)
     stage.start()
     try:
         assert (stage.arena.slots if stage.arena is not None else 0) == slots
-        prepared = await stage.prepare(spec.pipeline, spec, payloads)
+        prepared = await stage.prepare(spec.pipeline, spec, requests)
         assert (prepared.slot is not None) == (slots > 0)
         assert prepared.inputs[spec.inputs[0].name].shape[0] > 16
         stage.release(prepared)
+    finally:
+        stage.close()
+
+
+def _tensor_requests(n: int) -> list[pb.InferRequest]:
+    rng = np.random.default_rng(5)
+    return [
+        pb.InferRequest(
+            model_name="vision",
+            kind=pb.REQUEST_KIND_TENSOR,
+            inputs=[tensor_from_array("pixels", rng.standard_normal((1, 3, 64, 64)).astype(np.float16))],
+        )
+        for _ in range(n)
+    ]
+
+
+async def test_each_batch_runs_where_it_costs_least(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tensor batches (bytes moved, nothing computed) stay on the event loop at any size, with no arena
+    slot and no worker; small batches of the cheap pipelines stay on the loop too; small image batches go
+    to the local thread; larger batches of the others go to a worker through the arena."""
+    ran: list[tuple[str, str]] = []
+    original = worker_module.prepare_requests
+
+    def recording(pipeline: str, spec: ModelSpec, requests: Sequence[pb.InferRequest]) -> Prepared:
+        ran.append((pipeline, threading.current_thread().name))
+        return original(pipeline, spec, requests)
+
+    monkeypatch.setattr(worker_module, "prepare_requests", recording)
+    vision = ModelSpec(
+        "vision",
+        "1",
+        (TensorSpec("pixels", "float16", (3, 64, 64)),),
+        (TensorSpec("y", "float32", (2,)),),
+        128,
+        "tensor",
+    )
+    tensors = _tensor_requests(40)  # 40 x 24 KiB: past inline_max_requests and ON_LOOP_MAX_BYTES
+    assert sum(r.ByteSize() for r in tensors) > cpu_module.ON_LOOP_MAX_BYTES
+    stage = CpuStage(1, "process", GatewayMetrics(()), inline_max_requests=4, arena_slots=2)
+    stage.start()
+    try:
+        prepared = await stage.prepare("tensor", vision, tensors)
+        assert ran == [("tensor", "MainThread")]
+        assert prepared.slot is None and stage.arena is not None and stage.arena.free == 2
+        expected = np.concatenate([np.frombuffer(r.inputs[0].raw_data, "<f2") for r in tensors])
+        np.testing.assert_array_equal(prepared.inputs["pixels"].reshape(-1), expected)
+
+        ran.clear()
+        small = await stage.prepare(
+            "ranking", demo_spec("rank-mlp"), _requests(2, pb.REQUEST_KIND_RANKING, 3)
+        )
+        image = demo_spec("image-classifier")
+        await stage.prepare(image.pipeline, image, _requests(2, pb.REQUEST_KIND_IMAGE, 3))
+        assert ran[0] == ("ranking", "MainThread") and small.slot is None
+        assert ran[1][0] == "image" and ran[1][1].startswith("hkgw-cpu-inline")
+
+        ran.clear()
+        large = await stage.prepare(
+            "ranking", demo_spec("rank-mlp"), _requests(16, pb.REQUEST_KIND_RANKING, 3)
+        )
+        assert ran == [] and large.slot is not None  # a worker wrote it into the arena
+        stage.release(large)
     finally:
         stage.close()
