@@ -106,7 +106,9 @@ class EdgeAgent:
             dictionaries = DictionaryStore()
             if cfg.dictionaries is not None:
                 dictionaries.load_dir(cfg.dictionaries)
-            codec = FrameCodec(dictionaries=dictionaries, level=cfg.zstd_level)
+            codec = FrameCodec(
+                dictionaries=dictionaries, level=cfg.zstd_level, min_saving=cfg.zstd_min_saving
+            )
             if cfg.local.enabled and cfg.local.repository.exists():
                 self.local = LocalTier(cfg.local.repository, cfg.local.threads)
                 await self.local.start()

@@ -13,6 +13,7 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from edgewire.codec import DEFAULT_MIN_SAVING
 from gateway.config import LoggingConfig
 from gateway.configfile import ConfigFileError, env_overrides, merge_tables, read_toml, validation_problems
 from routing.config import DEFAULT_ROUTING_SECTION, RoutingConfig, RoutingConfigError, load_routing_config
@@ -123,6 +124,8 @@ class AgentConfig(_Section):
     http: HttpConfig = HttpConfig()
     logging: LoggingConfig = LoggingConfig()  # to stderr; --synthetic lowers the default level to warning
     zstd_level: int = Field(default=3, ge=1, le=22)
+    # a frame zstd shrinks by less than this share goes uncompressed (dense tensors, JPEG bytes)
+    zstd_min_saving: float = Field(default=DEFAULT_MIN_SAVING, ge=0.0, lt=1.0)
     default_deadline_s: float = Field(default=60.0, gt=0)  # for requests that arrive without one
     dictionaries: Path | None = None
     routing: RoutingConfig

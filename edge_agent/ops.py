@@ -113,6 +113,11 @@ class AgentCollector:
         stats = uplink.stats
         yield _counter("uplink_frames_sent", "Request frames sent to Hong Kong", stats.sent_frames)
         yield _counter(
+            "uplink_frames_uncompressed",
+            "Frames sent without zstd because it would have saved less than zstd_min_saving",
+            uplink.frames_sent_raw,
+        )
+        yield _counter(
             "uplink_requests_sent", "Requests sent to Hong Kong, resends included", stats.sent_requests
         )
         yield _gauge("inflight", "Requests sent to Hong Kong and not answered", uplink.inflight)

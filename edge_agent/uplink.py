@@ -218,6 +218,11 @@ class Uplink:
     # ------------------------------------------------------------------ sending
 
     @property
+    def frames_sent_raw(self) -> int:
+        """Frames sent uncompressed because zstd would have saved less than the configured share."""
+        return self._codec.sent_raw
+
+    @property
     def inflight(self) -> int:
         return len(self.outstanding)
 

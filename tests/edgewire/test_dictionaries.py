@@ -36,7 +36,9 @@ def test_receiver_holds_several_ids(trained_dictionary: bytes) -> None:
     new_agent = FrameCodec(dictionaries=DictionaryStore.from_raw([newer]), compress_min_bytes=0)
     gateway = FrameCodec(dictionaries=DictionaryStore.from_raw([trained_dictionary, newer]))
     assert gateway.dictionaries.preferred == dict_id_of(newer)
-    batch = pb.RequestBatch(requests=[pb.InferRequest(model_name="text-encoder", tenant="search")])
+    batch = pb.RequestBatch(  # enough to shrink by more than the codec's min_saving
+        requests=[pb.InferRequest(model_name="text-encoder", tenant="search") for _ in range(20)]
+    )
     for agent in (old_agent, new_agent):
         frames = agent.encode(batch)
         assert gateway.decode(frames).payload == batch

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+import zstandard as zstd
 from google.protobuf.message import Message
 from hypothesis import given
 from hypothesis import strategies as st
@@ -47,9 +49,59 @@ def test_request_batch_round_trips_with_dictionary(trained_dictionary: bytes, ba
     receiver = FrameCodec(dictionaries=DictionaryStore.from_raw([trained_dictionary]))
     frames = sender.encode(batch)
     envelope = receiver.decode_envelope(frames)
-    assert envelope.codec == pb.CODEC_ZSTD
-    assert envelope.dict_id == sender.dictionaries.preferred != 0
+    if envelope.codec == pb.CODEC_ZSTD:
+        assert envelope.dict_id == sender.dictionaries.preferred != 0
+    else:  # random strings that zstd did not shrink by min_saving travel raw
+        assert (envelope.codec, envelope.dict_id, sender.sent_raw) == (pb.CODEC_NONE, 0, 1)
     assert receiver.decode(frames).payload == batch
+
+
+def _tensor_batch(array: np.ndarray) -> pb.RequestBatch:
+    tensor = pb.Tensor(name="pixels", datatype=pb.DATA_TYPE_FP16, shape=array.shape, raw_data=array.tobytes())
+    return pb.RequestBatch(requests=[pb.InferRequest(model_name="vision", inputs=[tensor])])
+
+
+class _CountingCompressor:
+    """A zstd compressor that records the length of everything it is asked to compress."""
+
+    def __init__(self) -> None:
+        self.inner = zstd.ZstdCompressor(level=3)
+        self.lengths: list[int] = []
+
+    def compress(self, data: bytes) -> bytes:
+        self.lengths.append(len(data))
+        return self.inner.compress(data)
+
+
+def test_payloads_zstd_does_not_shrink_travel_raw_and_large_ones_are_judged_on_a_sample() -> None:
+    """Random fp16 pixels (zstd saves ~8%) go uncompressed, decided on a 48 KiB sample without compressing
+    the megabyte; a compressible one of the same size is compressed whole; both decode."""
+    codec = FrameCodec()
+    counting = _CountingCompressor()
+    codec._compressors[0] = counting  # type: ignore[assignment]  # the codec's cache of compressors
+    noise = _tensor_batch(np.random.default_rng(3).standard_normal((1, 3, 400, 400)).astype(np.float16))
+    frames = codec.encode(noise)
+    envelope = codec.decode_envelope(frames)
+    assert (envelope.codec, codec.sent_raw) == (pb.CODEC_NONE, 1)
+    assert counting.lengths == [48 << 10]  # the sample only
+    assert codec.decode(frames).payload == noise
+    flat = _tensor_batch(np.zeros((1, 3, 400, 400), dtype=np.float16))
+    frames = codec.encode(flat)
+    assert codec.decode_envelope(frames).codec == pb.CODEC_ZSTD
+    assert counting.lengths[1:] == [48 << 10, flat.ByteSize()]
+    assert codec.decode(frames).payload == flat
+
+
+def test_a_payload_zstd_would_grow_travels_raw_even_without_a_min_saving() -> None:
+    """``min_saving = 0`` compresses whatever does not grow; a short random string grows (frame header)."""
+    codec = FrameCodec(compress_min_bytes=0, min_saving=0.0)
+    batch = pb.RequestBatch(requests=[pb.InferRequest(request_id=np.random.default_rng(1).bytes(40))])
+    frames = codec.encode(batch)
+    assert codec.decode_envelope(frames).codec == pb.CODEC_NONE and codec.sent_raw == 1
+    repetitive = pb.RequestBatch(requests=[pb.InferRequest(model_name="rank-mlp" * 40)])
+    assert codec.decode_envelope(codec.encode(repetitive)).codec == pb.CODEC_ZSTD
+    with pytest.raises(ValueError, match="min_saving"):
+        FrameCodec(min_saving=1.0)
 
 
 def test_memoryview_frames_decode_without_copy_requirements() -> None:
