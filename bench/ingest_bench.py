@@ -612,6 +612,11 @@ under this load (py-spy, cProfile):
     33.7 -> 29.1 us (batches of 100). The ingest rate, two alternating runs of three each, old code
     11.6k / 11.1k / 11.0k and 10.2k / 9.2k / 10.6k, new code 12.9k / 12.5k / 12.8k and 12.8k / 12.0k /
     12.3k records/s.
+11. Tensor batches run on the event loop at any size (no worker round trip for bytes that are only copied),
+    and frames zstd shrinks by less than 10% travel uncompressed; neither touches this workload (no tensor
+    requests; the null backend's zero outputs compress well): see the GPU tier's harness check. All of this
+    session's changes together, two alternating runs of three each: old code 11.4k / 11.2k / 11.6k and
+    11.5k / 11.1k / 11.0k, new 13.3k / 13.0k / 12.7k and 13.7k / 13.1k / 13.2k records/s.
 
 What limits it now: the gateway process's one thread. Under this load (per-thread CPU from /proc,
 2026-11-30 12:20 UTC) the loop uses 0.75 of a core, the CPU worker 0.5, the machine is ~75% busy: ~70 us
