@@ -272,38 +272,40 @@ async def main_async(args: argparse.Namespace) -> list[Point]:
         null_repository(models_dir, specs)
     # One driver process for the whole run (spawned: no CUDA or gateway state inherited).
     drivers = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-    for model, factory in MODELS.items():
-        spec = specs[model]
-        if args.backend == "torch":
-            call = _direct_call(direct_backend.loaded(model), args.device)
-            backend = {
-                "type": "torch",
-                "models": {model: factory},
-                "device": args.device,
-                "dtype": "float16",
-            }
-        else:
-            call = _no_model
-            backend = {"type": "null", "repository": str(models_dir)}
-        for batch in batches:
-            direct = direct_rate(call, spec, batch, args.seconds)
-            result, mean_batch = await gateway_point(
-                model, spec, backend, batch, args.seconds, models_dir, drivers
-            )
-            point = Point(
-                model=model,
-                batch=batch,
-                direct_items_per_s=direct,
-                gateway_items_per_s=result["items_per_s"],
-                gateway_ok=result["ok"],
-                gateway_late_or_failed=result["failed"],
-                gateway_p50_ms=result["p50_ms"],
-                gateway_p99_ms=result["p99_ms"],
-                gateway_mean_batch=mean_batch,
-            )
-            points.append(point)
-            print(json.dumps(asdict(point)), flush=True)
-    drivers.shutdown()
+    try:
+        for model, factory in MODELS.items():
+            spec = specs[model]
+            if args.backend == "torch":
+                call = _direct_call(direct_backend.loaded(model), args.device)
+                backend = {
+                    "type": "torch",
+                    "models": {model: factory},
+                    "device": args.device,
+                    "dtype": "float16",
+                }
+            else:
+                call = _no_model
+                backend = {"type": "null", "repository": str(models_dir)}
+            for batch in batches:
+                direct = direct_rate(call, spec, batch, args.seconds)
+                result, mean_batch = await gateway_point(
+                    model, spec, backend, batch, args.seconds, models_dir, drivers
+                )
+                point = Point(
+                    model=model,
+                    batch=batch,
+                    direct_items_per_s=direct,
+                    gateway_items_per_s=result["items_per_s"],
+                    gateway_ok=result["ok"],
+                    gateway_late_or_failed=result["failed"],
+                    gateway_p50_ms=result["p50_ms"],
+                    gateway_p99_ms=result["p99_ms"],
+                    gateway_mean_batch=mean_batch,
+                )
+                points.append(point)
+                print(json.dumps(asdict(point)), flush=True)
+    finally:
+        drivers.shutdown()
     if args.backend == "torch":
         await direct_backend.aclose()
     return points

@@ -115,7 +115,7 @@ class AgentCollector:
         yield _counter(
             "uplink_frames_uncompressed",
             "Frames sent without zstd because it would have saved less than zstd_min_saving",
-            uplink.frames_sent_raw,
+            stats.sent_uncompressed,
         )
         yield _counter(
             "uplink_requests_sent", "Requests sent to Hong Kong, resends included", stats.sent_requests

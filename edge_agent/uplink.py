@@ -98,6 +98,7 @@ class _Frame:
 @dataclass
 class UplinkStats:
     sent_frames: int = 0
+    sent_uncompressed: int = 0  # of those, sent without zstd (it would have saved too little)
     sent_requests: int = 0
     resent: Counter[str] = field(default_factory=Counter)  # reason -> requests resent
     duplicate_responses: int = 0
@@ -218,11 +219,6 @@ class Uplink:
     # ------------------------------------------------------------------ sending
 
     @property
-    def frames_sent_raw(self) -> int:
-        """Frames sent uncompressed because zstd would have saved less than the configured share."""
-        return self._codec.sent_raw
-
-    @property
     def inflight(self) -> int:
         return len(self.outstanding)
 
@@ -297,6 +293,7 @@ class Uplink:
         attempt = max(self.outstanding[r.request_id].attempts for r in batch)
         deadline = min((r.deadline_unix_us for r in batch if r.deadline_unix_us), default=0)
         priority = min(r.priority or pb.PRIORITY_CLASS_INTERACTIVE for r in batch)
+        raw_before = self._codec.sent_raw
         frames = self._codec.encode(
             pb.RequestBatch(requests=batch),
             agent_id=self._config.name,
@@ -328,6 +325,8 @@ class Uplink:
         self._frames[message_id] = _Frame(carrier.name, ids, now)
         self.stats.sent_frames += 1
         self.stats.sent_requests += len(ids)
+        if self._codec.sent_raw != raw_before:  # zstd would not have saved zstd_min_saving
+            self.stats.sent_uncompressed += 1
         return None
 
     def _resend(self, ids: Iterable[bytes], reason: str, not_before: float = 0.0) -> None:

@@ -30,9 +30,11 @@ DEFAULT_MIN_SAVING: Final = 0.1
 (CODEC_NONE). Dense tensors and JPEG bytes shrink by 4-8% at zstd level 3, and the receiver would spend a
 core per ~1.4 GB/s decompressing them (the gateway's event loop, for every agent)."""
 PROBE_MIN_BYTES: Final = 256 << 10
-"""Payloads at least this large are tried on a sample first (three 16 KiB slices: start, middle, end), so
-the sender does not compress megabytes of tensors to find they do not shrink."""
-_PROBE_SLICE: Final = 16 << 10
+"""Payloads at least this large are tried on a sample first (eight 6 KiB slices spread over the payload),
+so the sender does not compress megabytes of tensors to find they do not shrink; slices from all over the
+payload keep a batch that mixes JPEG bytes and features from being judged by its JPEG bytes alone."""
+_PROBE_SLICES: Final = 8
+_PROBE_SLICE: Final = 6 << 10
 
 Buffer = bytes | bytearray | memoryview
 
@@ -195,15 +197,17 @@ class FrameCodec:
 
     def _compressed(self, compressor: zstd.ZstdCompressor, raw: bytes) -> bytes | None:
         """``raw`` compressed, or None when that saves less than ``min_saving`` of it (a large payload is
-        judged on a sample first)."""
-        keep = 1.0 - self.min_saving
-        if len(raw) >= PROBE_MIN_BYTES:
-            middle = len(raw) // 2
-            sample = raw[:_PROBE_SLICE] + raw[middle : middle + _PROBE_SLICE] + raw[-_PROBE_SLICE:]
+        judged on a sample first). A payload over ``max_frame_bytes`` is compressed whenever that makes it
+        smaller: raw, it could not be sent at all."""
+        oversize = len(raw) > self.limits.max_frame_bytes
+        keep = 1.0 if oversize else 1.0 - self.min_saving
+        if len(raw) >= PROBE_MIN_BYTES and not oversize:
+            step = len(raw) // _PROBE_SLICES
+            sample = b"".join(raw[i * step : i * step + _PROBE_SLICE] for i in range(_PROBE_SLICES))
             if len(compressor.compress(sample)) > len(sample) * keep:
                 return None
         packed = compressor.compress(raw)
-        if len(packed) > len(raw) * keep:
+        if len(packed) > len(raw) * keep or len(packed) >= len(raw):
             return None
         # python-zstandard (0.25) returns bytes holding zstd's worst-case output size: a frame kept for a
         # resend would cost ~4x its length. One copy makes it cost its length.

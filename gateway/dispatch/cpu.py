@@ -1,9 +1,11 @@
-"""The CPU stage's executor: pre- and post-processing off the event loop, in worker processes.
+"""The CPU stage's executor: pre- and post-processing, in worker processes unless it is cheaper here.
 
 The GIL would serialise tokenisation, feature assembly and top-k with the event loop, so batches go to
 worker processes (``mode = "process"``, workers.py) and their data through a shared-memory arena
 (arena.py): the loop keeps reading carriers, acking and answering health checks while the workers use the
-other cores. A worker that dies is replaced and the batch it held fails with a retryable error, which the
+other cores. What costs less than the hand-off stays in this process (:meth:`CpuStage._local`): small
+batches of the cheap pipelines, and every batch of fixed-width wire tensors (the loop would spend as much
+serializing them for a worker as decoding them). A worker that dies is replaced and the batch it held fails with a retryable error, which the
 dispatcher reroutes or answers UNAVAILABLE. ``mode = "thread"`` runs the same functions on threads (for
 debugging, or one-core hosts).
 """
@@ -118,7 +120,7 @@ class CpuStage:
         Run on the event loop or a local thread (see :meth:`_local`) with the requests as they are, or in a
         worker process: the requests serialized into an arena slot, the tensors written back there.
         """
-        local = self._local(pipeline, requests)
+        local = self._local(pipeline, requests, spec)
         if local == "loop":
             return worker.prepare_requests(pipeline, spec, requests)
         if local == "thread":
@@ -161,24 +163,28 @@ class CpuStage:
         """Per kept request, its outputs as response bytes. ``requests`` (the kept ones) decide where it
         runs; they are not sent: what finish needs beyond the outputs travels in ``prepared.extras``."""
         light = worker.without_inputs(prepared)
-        local = self._local(pipeline, requests)
+        local = self._local(pipeline, requests, prepared.spec)
         if local == "loop":
             return worker.finish_batch(pipeline, light, outputs)
         if local == "thread":
             return await self._in_thread(worker.finish_batch, pipeline, light, outputs)
         return await self._in_worker(worker.finish_batch, pipeline, light, outputs)
 
-    def _local(self, pipeline: str, requests: Sequence[pb.InferRequest]) -> Literal["loop", "thread", ""]:
+    def _local(
+        self, pipeline: str, requests: Sequence[pb.InferRequest], spec: ModelSpec | None
+    ) -> Literal["loop", "thread", ""]:
         """Where a batch runs in this process: "loop", "thread", or "" (a worker process).
 
-        On the event loop: pipelines that only move bytes (``LOOP_PIPELINES``), at any size; and batches of
+        On the event loop: pipelines that only move bytes (``LOOP_PIPELINES``), at any size, for models
+        whose tensors are all fixed-width (BYTES tensors are decoded element by element in Python: they go
+        where a task timeout applies); and batches of
         at most ``inline_max_requests`` of the pipelines that cost tens of microseconds per request
         (``CHEAP_PIPELINES``, up to ``ON_LOOP_MAX_BYTES``), where a hand-off each way would cost more than
         the work and add its own latency. Image decoding (milliseconds) never runs there, nor a request
         big enough (thousands of candidates) to hold the loop up: small batches of those go to one local
         thread. In ``thread`` mode everything else runs on the threads.
         """
-        if pipeline in LOOP_PIPELINES:
+        if pipeline in LOOP_PIPELINES and spec is not None and _fixed_width(spec):
             return "loop"
         if self._processes is None:
             return "thread"
@@ -246,6 +252,11 @@ class CpuStage:
         if self.arena is not None:
             self.arena.close()
             self.arena = None
+
+
+def _fixed_width(spec: ModelSpec) -> bool:
+    """True when every input and output of the model has a fixed-width dtype (no BYTES / object)."""
+    return all(np.dtype(t.dtype).kind != "O" for t in (*spec.inputs, *spec.outputs))
 
 
 def default_workers() -> int:

@@ -208,6 +208,12 @@ def _decode_inputs(
         tensor = by_name.get(want.name)
         if tensor is None:
             raise Rejected(InvalidInput.MISSING_INPUT, f"input {want.name!r} missing")
+        wire = DTYPE_BY_DATATYPE.get(tensor.datatype)
+        if wire is not None and wire != np.dtype(want.dtype):  # refused before a byte is decoded
+            raise Rejected(
+                InvalidInput.BAD_TENSOR,
+                f"input {want.name!r}: dtype {wire} where the model takes {want.dtype}",
+            )
         try:
             array = array_from_tensor(tensor)
         except TensorDecodeError as exc:

@@ -1,4 +1,5 @@
-"""The CPU stage's entry points, run in worker processes: bytes in, arrays and bytes out.
+"""The CPU stage's entry points, run in worker processes (bytes in, arrays and bytes out) or, for work
+cheaper than the hand-off, in the gateway itself (``prepare_requests``: the parsed requests in).
 
 Requests travel as serialized protobuf (cheap to pickle), prepared batches as numpy arrays, and results
 come back as serialized ``InferResponse`` fragments holding only the outputs; the gateway's event loop

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import random
 import shutil
 import stat
 import subprocess
@@ -561,3 +562,42 @@ async def test_gateway_refusals_are_counted_by_reason(models_dir: Path, tmp_path
         "edge_frames_rejected_total",
         "other",
     ) in exported
+
+
+async def test_frames_zstd_would_not_shrink_go_uncompressed_and_are_counted(
+    models_dir: Path, tmp_path: Path
+) -> None:
+    """Image bytes that do not compress travel raw to Hong Kong, are answered, and are counted; the
+    compressible synthetic traffic before them is not."""
+    noise = random.Random(2)
+    images = [
+        pb.InferRequest(
+            model_name="image-classifier",
+            kind=pb.REQUEST_KIND_IMAGE,
+            image=pb.ImageInput(
+                data=noise.randbytes(64 << 10), format=pb.IMAGE_FORMAT_JPEG, width=64, height=64
+            ),
+        )
+        for _ in range(4)
+    ]
+    async with run_gateway(models_dir=models_dir) as gw:
+        endpoints = {name: gw.endpoint(name) for name in gw.carriers}
+        async with (
+            EdgeAgent(
+                agent_config(endpoints, models_dir, tmp_path / "spool", local={"enabled": False})
+            ) as agent,
+            EdgeClient(agent.intake_endpoint) as client,
+        ):
+            assert agent.uplink is not None
+            uplink = agent.uplink
+            await wait_for(lambda: uplink.best() is not None)
+            await client.infer_many(
+                [r.request for r in SyntheticTraffic(5).take(20) if r.request.kind != pb.REQUEST_KIND_IMAGE],
+                deadline_s=10,
+            )
+            assert uplink.stats.sent_frames >= 1 and uplink.stats.sent_uncompressed == 0
+            frames_before = uplink.stats.sent_frames
+            responses = await client.infer_many(images, deadline_s=10)
+    # not a JPEG: refused by the pipeline, but it reached Hong Kong and was answered
+    assert [r.status for r in responses] == [pb.STATUS_INVALID_ARGUMENT] * 4
+    assert 1 <= uplink.stats.sent_uncompressed == uplink.stats.sent_frames - frames_before

@@ -14,4 +14,11 @@ def test_batches_and_dictionary_reach_the_targets() -> None:
     assert by[(structured, "single")].saved_dict >= 0.40
     assert by[("ranking", "batch of 100")].saved >= 0.60
     assert by[("image (JPEG)", "single")].saved < 0.2  # JPEG does not shrink; the report must say so
+    # What the agent sends by default keeps what compression is worth and sends JPEG bytes as they are.
+    assert by[(structured, "batch of 100")].saved_sent >= 0.60
+    assert by[(structured, "single")].saved_sent >= 0.40
+    jpeg = by[("image (JPEG)", "single")]
+    assert jpeg.sent_bytes == jpeg.raw_bytes
+    mixed = by[("all kinds", "batch of 100")]
+    assert mixed.saved_sent >= mixed.saved_dict - 0.01  # mixed batches are not judged by their JPEG bytes
     assert envelope_bytes < 100

@@ -240,8 +240,9 @@ def _tensor_requests(n: int) -> list[pb.InferRequest]:
 
 async def test_each_batch_runs_where_it_costs_least(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tensor batches (bytes moved, nothing computed) stay on the event loop at any size, with no arena
-    slot and no worker; small batches of the cheap pipelines stay on the loop too; small image batches go
-    to the local thread; larger batches of the others go to a worker through the arena."""
+    slot and no worker, unless the model has BYTES tensors; small batches of the cheap pipelines stay on
+    the loop too; small image batches go to the local thread; larger batches of the others go to a worker
+    through the arena."""
     ran: list[tuple[str, str]] = []
     original = worker_module.prepare_requests
 
@@ -278,7 +279,16 @@ async def test_each_batch_runs_where_it_costs_least(monkeypatch: pytest.MonkeyPa
         assert ran[0] == ("ranking", "MainThread") and small.slot is None
         assert ran[1][0] == "image" and ran[1][1].startswith("hkgw-cpu-inline")
 
-        ran.clear()
+        ran.clear()  # a model with a BYTES input: decoded element by element, so not on the loop
+        strings = ModelSpec("names", "1", (TensorSpec("s", "object", (1,)),), vision.outputs, 128, "tensor")
+        named = [
+            pb.InferRequest(
+                model_name="names", inputs=[tensor_from_array("s", np.array([[b"a"]], dtype=object))]
+            )
+        ] * 6
+        assert len((await stage.prepare("tensor", strings, named)).kept) == 6
+        assert ran == []
+
         large = await stage.prepare(
             "ranking", demo_spec("rank-mlp"), _requests(16, pb.REQUEST_KIND_RANKING, 3)
         )

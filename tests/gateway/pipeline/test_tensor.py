@@ -14,6 +14,7 @@ from edgewire import pb
 from gateway.backends.base import ModelSpec, TensorSpec
 from gateway.backends.onnx import OnnxBackend, OnnxOptions
 from gateway.models import write_demo_repository
+from gateway.pipeline import tensor as tensor_module
 from gateway.pipeline.tensor import (
     InvalidInput,
     TensorDecodeError,
@@ -184,3 +185,18 @@ async def test_tensor_requests_run_on_onnx_runtime(tmp_path: Path) -> None:
         ]
     finally:
         await backend.aclose()
+
+
+def test_a_tensor_of_another_wire_type_is_refused_before_it_is_decoded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A BYTES tensor where the model takes FP32 is refused without walking its elements."""
+    decoded: list[int] = []
+    monkeypatch.setattr(tensor_module, "decode_bytes", lambda raw, count: decoded.append(count) or [])
+    strings = pb.Tensor(name="x", datatype=pb.DATA_TYPE_BYTES, shape=[1, 4], raw_data=encode_bytes([b""] * 4))
+    request = tensor_request(strings, tensor_from_array("ids", np.zeros((1, 3), dtype=np.int64)))
+    prepared = TensorPipeline().prepare([request, good_request(1)], SPEC)
+    assert prepared.kept == [1]
+    label, detail = prepared.rejected[0]
+    assert label == InvalidInput.BAD_TENSOR and "where the model takes float32" in detail
+    assert decoded == []
