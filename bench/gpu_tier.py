@@ -43,6 +43,7 @@ from gateway.backends.base import ModelSpec
 from gateway.backends.modelrepo import config_from_spec
 from gateway.config import default_section, validate
 from gateway.configfile import merge_tables
+from gateway.ops.runtime import run_main
 from gateway.pipeline.tensor import tensor_from_array
 from gateway.testing import WireClient, loopback_overrides, run_gateway
 
@@ -367,7 +368,7 @@ def main() -> int:
     parser.add_argument("--backend", choices=["torch", "null"], default="torch")
     parser.add_argument("--write", action="store_true", help="update docs/BENCHMARKS.md")
     args = parser.parse_args()
-    points = asyncio.run(main_async(args))
+    points = run_main(main_async(args))  # the gateway under test runs on uvloop, as hk-gateway does
     body = report(points, args)
     (args.out / "gpu_tier.json").write_text(json.dumps([asdict(p) for p in points], indent=1))
     (args.out / "gpu_tier.md").write_text(body + "\n")
