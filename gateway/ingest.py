@@ -29,7 +29,7 @@ from gateway.profile import profile_of, wire_priority
 from gateway.replies import ReplyRouter
 from routing.geo import RegionResolver
 from routing.holder import PolicyHolder
-from routing.types import Decision, PoolSignals, Priority, Reason
+from routing.types import Decision, PoolSignals, Priority, Reason, Tier
 
 log = structlog.get_logger("gateway.ingest")
 
@@ -111,8 +111,9 @@ class Ingest:
         self._reject_log = LogSampler(interval_s=1.0)
         metrics.dedupe_entries.set_function(lambda: len(self.dedupe))
         # Per-request counts of the frame being handled, added to the metrics once per frame.
-        self._requests_seen: Counter[tuple[str, str, str]] = Counter()
-        self._decisions_made: Counter[tuple[str, str, str]] = Counter()
+        # Keyed by the raw values (model name, enums); turned into label values once per distinct key.
+        self._requests_seen: Counter[tuple[str, Priority]] = Counter()
+        self._decisions_made: Counter[tuple[Tier, str | None, Reason]] = Counter()
         self._evicted_counted = 0
 
     # ------------------------------------------------------------------ entry point
@@ -239,10 +240,11 @@ class Ingest:
                 ack.accepted_ids.append(request.request_id)
         metrics = self._metrics
         metrics.child(metrics.accepted, frame.carrier.name).inc(len(ack.accepted_ids))
-        for labels_, n in self._requests_seen.items():
-            metrics.child(metrics.requests, *labels_).inc(n)
-        for labels_, n in self._decisions_made.items():
-            metrics.child(metrics.decisions, *labels_).inc(n)
+        region = metrics.region_label(frame.region)
+        for (model, priority), n in self._requests_seen.items():
+            metrics.child(metrics.requests, region, metrics.model_label(model), priority.value).inc(n)
+        for (tier, pool, reason), n in self._decisions_made.items():
+            metrics.child(metrics.decisions, tier.value, pool or "none", reason.value).inc(n)
         self._requests_seen.clear()
         self._decisions_made.clear()
         if self.dedupe.evicted_early != self._evicted_counted:
@@ -256,8 +258,7 @@ class Ingest:
         """Checks that need no routing: id, duplicate, model, size, deadline, drain. None = answered."""
         rid = request.request_id
         priority = wire_priority(request.priority or frame.envelope.priority)
-        model = self._metrics.model_label(request.model_name)
-        self._requests_seen[(self._metrics.region_label(frame.region), model, priority.value)] += 1
+        self._requests_seen[(request.model_name, priority)] += 1
         if not is_valid_id(rid):
             self._nack(ack, rid, pb.NACK_REASON_INVALID_REQUEST, "request_id is not a 16-byte UUIDv7")
             return None
@@ -300,7 +301,7 @@ class Ingest:
             signals.update({name: pool.signals(now) for name, pool in self._pools.items()})
         profile = profile_of(request, priority, remaining, frame.region)
         decision = self._policy.policy.decide(profile, signals)
-        self._decisions_made[(decision.tier.value, decision.pool or "none", decision.reason.value)] += 1
+        self._decisions_made[(decision.tier, decision.pool, decision.reason)] += 1
         if decision.rejected or decision.pool is None:
             nack = _REJECT_NACKS.get(decision.reason, pb.NACK_REASON_OVERLOADED)
             self._nack(ack, rid, nack, decision.reason)

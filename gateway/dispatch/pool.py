@@ -176,7 +176,7 @@ class PoolDispatcher:
         description is sent as 128 tokens. Requests queue per bucket, so one batch holds one bucket;
         hkgw_padding_waste_ratio shows what is left.
         """
-        if not self.dispatch.group_by_size:
+        if not self.dispatch.group_by_size or not item.text_tokens:  # not text: no spec to look up
             return 0
         spec = self._spec(item.model, item.version)
         if spec is None or spec.pipeline not in PADDED_PIPELINES:
@@ -298,8 +298,9 @@ class PoolDispatcher:
 
     def _expire(self, items: list[WorkItem], now: float) -> list[WorkItem]:
         live = []
+        waited = self._metrics.child(self._metrics.queue_wait, self.name)
         for item in items:
-            self._metrics.child(self._metrics.queue_wait, self.name).observe(now - item.enqueued)
+            waited.observe(now - item.enqueued)
             if item.deadline is not None and item.deadline <= now:
                 self._metrics.child(self._metrics.shed, self.name, "deadline").inc()
                 self._answer_status(item, "DEADLINE_EXCEEDED", "deadline passed in queue")
