@@ -307,8 +307,8 @@ async def main_async(args: argparse.Namespace) -> list[Point]:
                 print(json.dumps(asdict(point)), flush=True)
     finally:
         drivers.shutdown()
-    if args.backend == "torch":
-        await direct_backend.aclose()
+        if args.backend == "torch":
+            await direct_backend.aclose()
     return points
 
 

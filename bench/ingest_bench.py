@@ -613,8 +613,9 @@ under this load (py-spy, cProfile):
     11.6k / 11.1k / 11.0k and 10.2k / 9.2k / 10.6k, new code 12.9k / 12.5k / 12.8k and 12.8k / 12.0k /
     12.3k records/s.
 11. Tensor batches run on the event loop at any size (no worker round trip for bytes that are only copied),
-    and frames zstd shrinks by less than 10% travel uncompressed; neither touches this workload (no tensor
-    requests; the null backend's zero outputs compress well): see the GPU tier's harness check. All of this
+    and frames zstd shrinks by less than 10% travel uncompressed; neither changes the throughput run (no
+    tensor requests; batches of 100 and the null backend's zero outputs compress well; only the latency
+    runs' single short text requests now travel raw): see the GPU tier's harness check. All of this
     session's changes together, two alternating runs of three each: old code 11.4k / 11.2k / 11.6k and
     11.5k / 11.1k / 11.0k, new 13.3k / 13.0k / 12.7k and 13.7k / 13.1k / 13.2k records/s.
 

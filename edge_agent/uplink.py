@@ -303,6 +303,7 @@ class Uplink:
             message_id=message_id,
             attempt=attempt,
             dict_id=self.dict_id,
+            frame_limit=self.max_frame_bytes,  # the gateway's, from its Pong (0 = not known yet)
         )
         if self.max_frame_bytes and len(frames[1]) > self.max_frame_bytes:
             # Over the gateway's limit: the gateway (or libzmq, far over it) would refuse it. Split.

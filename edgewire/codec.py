@@ -130,8 +130,10 @@ class FrameCodec:
         compress: bool = True,
         attempt: int = 0,
         sent_at_unix_us: int | None = None,
+        frame_limit: int = 0,
     ) -> list[bytes]:
-        """Serialize, compress and frame one payload. ``dict_id=None`` uses the preferred dictionary."""
+        """Serialize, compress and frame one payload. ``dict_id=None`` uses the preferred dictionary;
+        ``frame_limit``: the receiver's largest frame, when known (else this codec's ``max_frame_bytes``)."""
         kind = _KIND_OF_TYPE.get(type(payload))
         if kind is None:
             raise TypeError(f"{type(payload).__name__} is not a wire payload")
@@ -148,6 +150,7 @@ class FrameCodec:
             compress=compress,
             attempt=attempt,
             sent_at_unix_us=sent_at_unix_us,
+            frame_limit=frame_limit,
         )
 
     def encode_raw(
@@ -165,6 +168,7 @@ class FrameCodec:
         compress: bool = True,
         attempt: int = 0,
         sent_at_unix_us: int | None = None,
+        frame_limit: int = 0,
     ) -> list[bytes]:
         """Frame an already serialized payload of ``kind`` (e.g. assembled with :func:`repeated_field`)."""
         if len(raw) > self.limits.max_decompressed_bytes:
@@ -186,7 +190,7 @@ class FrameCodec:
         envelope.codec = pb.CODEC_NONE
         if compress and len(raw) >= self.compress_min_bytes:
             used = self.dictionaries.preferred if dict_id is None else dict_id
-            packed = self._compressed(self._compressor(used), raw)
+            packed = self._compressed(self._compressor(used), raw, frame_limit or self.limits.max_frame_bytes)
             if packed is not None:
                 body = packed
                 envelope.codec = pb.CODEC_ZSTD
@@ -195,11 +199,11 @@ class FrameCodec:
                 self.sent_raw += 1
         return [envelope.SerializeToString(), body]
 
-    def _compressed(self, compressor: zstd.ZstdCompressor, raw: bytes) -> bytes | None:
+    def _compressed(self, compressor: zstd.ZstdCompressor, raw: bytes, frame_limit: int) -> bytes | None:
         """``raw`` compressed, or None when that saves less than ``min_saving`` of it (a large payload is
-        judged on a sample first). A payload over ``max_frame_bytes`` is compressed whenever that makes it
+        judged on a sample first). A payload over ``frame_limit`` is compressed whenever that makes it
         smaller: raw, it could not be sent at all."""
-        oversize = len(raw) > self.limits.max_frame_bytes
+        oversize = len(raw) > frame_limit
         keep = 1.0 if oversize else 1.0 - self.min_saving
         if len(raw) >= PROBE_MIN_BYTES and not oversize:
             step = len(raw) // _PROBE_SLICES

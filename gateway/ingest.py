@@ -231,6 +231,9 @@ class Ingest:
             return
         now = self._clock()
         wall_us = now_unix_us()
+        # Counts of this frame only (a frame whose handling raised must not add to the next one's region).
+        self._requests_seen.clear()
+        self._decisions_made.clear()
         ack = pb.Ack(acked_message_id=frame.envelope.message_id)
         signals: dict[str, PoolSignals] = {}  # filled on first use, updated as this frame fills queues
         for request in batch.requests:

@@ -139,8 +139,13 @@ class CpuStage:
         )
         if not prepared.placed:
             arena.give_back(slot)
-            if prepared.inputs:
-                self._metrics.child(self._metrics.cpu_arena_fallbacks, "too_large").inc()
+            if prepared.inputs:  # not placed: too large for a slot, or object (BYTES) arrays
+                reason = (
+                    "too_large"
+                    if all(a.dtype.kind != "O" for a in prepared.inputs.values())
+                    else "bytes_tensors"
+                )
+                self._metrics.child(self._metrics.cpu_arena_fallbacks, reason).inc()
             return prepared
         prepared.inputs = arena.views(prepared.placed)
         prepared.slot = slot
@@ -176,21 +181,24 @@ class CpuStage:
         """Where a batch runs in this process: "loop", "thread", or "" (a worker process).
 
         On the event loop: pipelines that only move bytes (``LOOP_PIPELINES``), at any size, for models
-        whose tensors are all fixed-width (BYTES tensors are decoded element by element in Python: they go
-        where a task timeout applies); and batches of
+        whose tensors are all fixed-width (BYTES tensors are decoded element by element in Python: their
+        batches go to the local thread or a worker, never the loop); and batches of
         at most ``inline_max_requests`` of the pipelines that cost tens of microseconds per request
         (``CHEAP_PIPELINES``, up to ``ON_LOOP_MAX_BYTES``), where a hand-off each way would cost more than
         the work and add its own latency. Image decoding (milliseconds) never runs there, nor a request
         big enough (thousands of candidates) to hold the loop up: small batches of those go to one local
         thread. In ``thread`` mode everything else runs on the threads.
         """
-        if pipeline in LOOP_PIPELINES and spec is not None and _fixed_width(spec):
-            return "loop"
+        cheap = pipeline in CHEAP_PIPELINES
+        if pipeline in LOOP_PIPELINES:
+            if spec is not None and _fixed_width(spec):
+                return "loop"
+            cheap = False  # BYTES tensors: never on the loop, whatever the batch's size
         if self._processes is None:
             return "thread"
         if self._inline is None or len(requests) > self.inline_max_requests:
             return ""
-        if pipeline in CHEAP_PIPELINES and sum(r.ByteSize() for r in requests) <= ON_LOOP_MAX_BYTES:
+        if cheap and sum(r.ByteSize() for r in requests) <= ON_LOOP_MAX_BYTES:
             return "loop"
         return "thread"
 

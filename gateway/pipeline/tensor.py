@@ -8,6 +8,7 @@ outputs with :func:`tensor_from_array`.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -97,7 +98,7 @@ def array_from_tensor(tensor: pb.Tensor) -> np.ndarray:
     shape = tuple(tensor.shape)
     if any(d < 0 for d in shape):
         raise TensorDecodeError(f"tensor {tensor.name!r}: negative dim in shape {list(shape)}")
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)  # Python ints: a huge shape must not wrap around to a small count
     if dtype.kind == "O":
         return np.array(decode_bytes(tensor.raw_data, count), dtype=object).reshape(shape)
     if len(tensor.raw_data) != count * dtype.itemsize:
@@ -209,7 +210,7 @@ def _decode_inputs(
         if tensor is None:
             raise Rejected(InvalidInput.MISSING_INPUT, f"input {want.name!r} missing")
         wire = DTYPE_BY_DATATYPE.get(tensor.datatype)
-        if wire is not None and wire != np.dtype(want.dtype):  # refused before a byte is decoded
+        if wire is not None and wire.name != np.dtype(want.dtype).name:  # refused before a byte is decoded
             raise Rejected(
                 InvalidInput.BAD_TENSOR,
                 f"input {want.name!r}: dtype {wire} where the model takes {want.dtype}",

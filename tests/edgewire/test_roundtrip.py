@@ -180,3 +180,12 @@ def test_a_payload_too_large_to_send_raw_is_compressed_whenever_that_makes_it_sm
     frames = tight.encode(noise)
     assert tight.decode_envelope(frames).codec == pb.CODEC_ZSTD and tight.sent_raw == 0
     assert len(frames[1]) < noise.ByteSize()
+
+
+def test_the_receivers_frame_limit_decides_what_is_too_large_to_send_raw() -> None:
+    """The receiver's frame limit (the agent learns the gateway's from its Pong) counts, not the codec's."""
+    noise = _tensor_batch(np.random.default_rng(5).standard_normal((1, 3, 300, 300)).astype(np.float16))
+    codec = FrameCodec()  # its own limit (8 MiB) holds the payload raw
+    assert codec.decode_envelope(codec.encode(noise)).codec == pb.CODEC_NONE
+    frames = codec.encode(noise, frame_limit=500_000)
+    assert codec.decode_envelope(frames).codec == pb.CODEC_ZSTD and len(frames[1]) < noise.ByteSize()

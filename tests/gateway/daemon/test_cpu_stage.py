@@ -288,6 +288,9 @@ async def test_each_batch_runs_where_it_costs_least(monkeypatch: pytest.MonkeyPa
         ] * 6
         assert len((await stage.prepare("tensor", strings, named)).kept) == 6
         assert ran == []
+        await stage.prepare("tensor", strings, named[:2])  # small: the local thread, still not the loop
+        assert ran[0][0] == "tensor" and ran[0][1].startswith("hkgw-cpu-inline")
+        ran.clear()
 
         large = await stage.prepare(
             "ranking", demo_spec("rank-mlp"), _requests(16, pb.REQUEST_KIND_RANKING, 3)

@@ -200,3 +200,12 @@ def test_a_tensor_of_another_wire_type_is_refused_before_it_is_decoded(
     label, detail = prepared.rejected[0]
     assert label == InvalidInput.BAD_TENSOR and "where the model takes float32" in detail
     assert decoded == []
+
+
+def test_a_shape_too_large_to_count_is_refused_alone() -> None:
+    """A shape whose element count overflows 64 bits is that request's bad_tensor, not the batch's error."""
+    huge = pb.Tensor(name="x", datatype=pb.DATA_TYPE_FP32, shape=[2**32, 2**32, 4], raw_data=b"")
+    request = tensor_request(huge, tensor_from_array("ids", np.zeros((1, 3), dtype=np.int64)))
+    prepared = TensorPipeline().prepare([request, good_request(1)], SPEC)
+    assert prepared.kept == [1]
+    assert prepared.rejected[0][0] == InvalidInput.BAD_TENSOR
