@@ -110,8 +110,8 @@ class Ingest:
         self._retry_after_ms = config.replies.retry_after_ms
         self._reject_log = LogSampler(interval_s=1.0)
         metrics.dedupe_entries.set_function(lambda: len(self.dedupe))
-        # Per-request counts of the frame being handled, added to the metrics once per frame.
-        # Keyed by the raw values (model name, enums); turned into label values once per distinct key.
+        # Per-request counts of the frame being handled (cleared as each frame starts), added to the metrics
+        # once per frame; keyed by the raw values (model name, enums), made label values once per key.
         self._requests_seen: Counter[tuple[str, Priority]] = Counter()
         self._decisions_made: Counter[tuple[Tier, str | None, Reason]] = Counter()
         self._evicted_counted = 0
@@ -248,8 +248,6 @@ class Ingest:
             metrics.child(metrics.requests, region, metrics.model_label(model), priority.value).inc(n)
         for (tier, pool, reason), n in self._decisions_made.items():
             metrics.child(metrics.decisions, tier.value, pool or "none", reason.value).inc(n)
-        self._requests_seen.clear()
-        self._decisions_made.clear()
         if self.dedupe.evicted_early != self._evicted_counted:
             metrics.dedupe_evicted.inc(self.dedupe.evicted_early - self._evicted_counted)
             self._evicted_counted = self.dedupe.evicted_early

@@ -196,9 +196,9 @@ class RankingPipeline:
                     f"{n} candidates, the model takes {layout.max_rows}",
                 )
                 continue
-            view = RankingDenseView.FromString(r.SerializeToString())
-            candidates.append(_packed(view.candidate_dense, r.candidate_dense))
-            users.append(_packed(view.user_dense, r.user_dense))
+            candidate_dense, user_dense = dense_parts(r)
+            candidates.append(candidate_dense)
+            users.append(user_dense)
             # The kept request's number and each tag's bucket: one bincount below counts them all.
             tags.extend(len(kept) * buckets + tag_bucket(t, buckets) for t in r.categorical_tags)
             counts.append(n)
@@ -261,8 +261,9 @@ class RankingPipeline:
         return results
 
 
-def dense_features(r: pb.RankingFeatures) -> tuple[np.ndarray, np.ndarray]:
-    """``candidate_dense`` and ``user_dense`` as float32 arrays.
+def dense_parts(r: pb.RankingFeatures) -> tuple[bytes | np.ndarray, bytes | np.ndarray]:
+    """``candidate_dense`` and ``user_dense`` as packed little-endian float32 bytes, for numpy to read a
+    whole batch of in one call (:func:`packed_floats32`).
 
     Read from the packed bytes of the message's serialization (proto/edgeinfer/v1/views.proto): the
     serializer writes each field as one packed record, which numpy takes in one call, about ten times
@@ -270,10 +271,7 @@ def dense_features(r: pb.RankingFeatures) -> tuple[np.ndarray, np.ndarray]:
     declared unpacked one day) falls back to the value-by-value read.
     """
     view = RankingDenseView.FromString(r.SerializeToString())
-    return (
-        packed_floats32([_packed(view.candidate_dense, r.candidate_dense)]),
-        packed_floats32([_packed(view.user_dense, r.user_dense)]),
-    )
+    return _packed(view.candidate_dense, r.candidate_dense), _packed(view.user_dense, r.user_dense)
 
 
 def _packed(packed: bytes, values: Sequence[float]) -> bytes | np.ndarray:
@@ -290,13 +288,6 @@ def packed_floats32(parts: Sequence[bytes | np.ndarray]) -> np.ndarray:
     return np.concatenate(
         [np.frombuffer(p, dtype="<f4") if isinstance(p, bytes) else p for p in parts]
     ).astype(np.float32, copy=False)
-
-
-def top_k_order(scores: np.ndarray, k: int) -> np.ndarray:
-    """Positions of the ``k`` highest scores (0 = all), highest first; equal scores keep position order.
-    NaN ranks last."""
-    chosen, _ = top_k_orders(scores, [len(scores)], np.asarray([k]))
-    return chosen
 
 
 def top_k_orders(

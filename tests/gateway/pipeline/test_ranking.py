@@ -13,9 +13,8 @@ from hypothesis import strategies as st
 from edgewire import pb
 from gateway.pipeline.ranking import (
     RankingPipeline,
-    dense_features,
+    dense_parts,
     packed_floats32,
-    top_k_order,
     top_k_orders,
 )
 from gateway.pipeline.tensor import InvalidInput
@@ -135,6 +134,12 @@ def test_top_k_zero_returns_every_candidate() -> None:
     prepared = pipeline.prepare([request], SPEC)
     ((ids, _),) = pipeline.finish(prepared, scored(prepared.inputs["features"].shape[0]))
     assert list(ids.shape) == [len(request.ranking.candidate_item_ids)]
+
+
+def top_k_order(scores: np.ndarray, k: int) -> np.ndarray:
+    """One request's top-k positions: the batch sort over a batch of one."""
+    chosen, _ = top_k_orders(scores, [len(scores)], np.asarray([k]))
+    return chosen
 
 
 def test_ties_keep_candidate_order() -> None:
@@ -258,7 +263,7 @@ def test_dense_features_read_from_packed_bytes_equal_the_repeated_fields(
 ) -> None:
     """The packed-bytes read gives exactly the values (and count) of the repeated float fields."""
     r = pb.RankingFeatures(candidate_item_ids=[1, 2], candidate_dense=candidate, user_dense=user, top_k=3)
-    got_candidate, got_user = dense_features(r)
+    got_candidate, got_user = (packed_floats32([part]) for part in dense_parts(r))
     assert got_candidate.dtype == np.float32 and got_user.dtype == np.float32
     np.testing.assert_array_equal(got_candidate, np.asarray(candidate, dtype=np.float32))
     np.testing.assert_array_equal(got_user, np.asarray(user, dtype=np.float32))
