@@ -34,16 +34,16 @@ import numpy as np
 from bench.report import machine, stamp, table, update_section
 from edge_agent.synthetic import SyntheticTraffic
 from edgewire import pb
-from gateway.backends.base import ModelSpec
-from gateway.backends.modelrepo import spec_from_config
 from gateway.dispatch.cpu import CpuStage, default_workers
-from gateway.models.demo import DEMO_MODELS, demo_config
 from gateway.ops.metrics import GatewayMetrics
-from gateway.pipeline import worker
-from gateway.pipeline.base import Pipeline, Prepared
-from gateway.pipeline.registry import pipeline_for
-from gateway.pipeline.text import length_bucket
-from gateway.pipeline.textsize import estimated_tokens
+from inference.backends.base import ModelSpec
+from inference.backends.modelrepo import spec_from_config
+from inference.models.demo import DEMO_MODELS, demo_config
+from inference.pipeline import worker
+from inference.pipeline.base import Pipeline, Prepared
+from inference.pipeline.registry import pipeline_for
+from inference.pipeline.text import length_bucket
+from inference.pipeline.textsize import estimated_tokens
 
 BATCH = 32
 KINDS = {"rank-mlp": "ranking", "text-encoder": "text", "image-classifier": "image"}

@@ -416,7 +416,7 @@ kind = "image"
 def start_gateway(workdir: Path, backend: str) -> Peer:
     models = workdir / "models"
     if not models.exists():
-        from gateway.models.demo import write_demo_repository
+        from inference.models.demo import write_demo_repository
 
         write_demo_repository(models)
     config = workdir / f"gateway-{backend}.toml"

@@ -39,13 +39,13 @@ from google.protobuf import text_format
 
 from bench.report import machine, table, update_section
 from edgewire import new_id, now_unix_us, pb
-from gateway.backends.base import ModelSpec
-from gateway.backends.modelrepo import config_from_spec
 from gateway.config import default_section, validate
-from gateway.configfile import merge_tables
-from gateway.ops.runtime import run_main
-from gateway.pipeline.tensor import tensor_from_array
 from gateway.testing import WireClient, loopback_overrides, run_gateway
+from inference.backends.base import ModelSpec
+from inference.backends.modelrepo import config_from_spec
+from inference.pipeline.tensor import tensor_from_array
+from service.configfile import merge_tables
+from service.runtime import run_main
 
 MODELS = {"bert-base": "gateway.models.gpu:bert_base", "resnet50": "gateway.models.gpu:resnet50"}
 DEADLINE_S = 0.1
@@ -233,7 +233,7 @@ def null_repository(root: Path, specs: dict[str, ModelSpec]) -> None:
 
 
 def null_specs() -> dict[str, ModelSpec]:
-    from gateway.backends.base import TensorSpec
+    from inference.backends.base import TensorSpec
 
     return {
         "bert-base": ModelSpec(

@@ -582,7 +582,7 @@ under this load (py-spy, cProfile):
 2. Ranking features: `candidate_dense`/`user_dense` read as packed bytes through a reading view
    (proto/edgeinfer/v1/views.proto) with `np.frombuffer`, not float by float (17 -> 1.5 us per request);
    tensor dtype lookup without `dtype.name` (2.4 us per tensor).
-3. The CPU stage's data leaves the pipe: a shared-memory arena (gateway/dispatch/arena.py) carries each
+3. The CPU stage's data leaves the pipe: a shared-memory arena (inference/pipeline/arena.py) carries each
    batch's requests to the worker and its input tensors back (pickling and pipe transfers were ~28% of the
    gateway's samples); `finish` gets item ids and top_k from `prepare`, not the requests a second time.
 4. The CPU workers are fed from the event loop through one pipe each (gateway/dispatch/workers.py)
@@ -602,7 +602,7 @@ under this load (py-spy, cProfile):
    of catching EAGAIN. Neither shows above the noise: five alternating runs at 1000 realtime requests/s,
    gateway main-thread CPU per request 653 us before, 628 us after (averages); ingest three runs each,
    medians 10.7k before, 10.9k after.
-9. Both programs freeze their start-up heap once started (`gc.freeze`, gateway/ops/runtime.py): a full
+9. Both programs freeze their start-up heap once started (`gc.freeze`, service/runtime.py): a full
    collection scanned the ~80k objects of imports, models and config, ~40 ms with the loop stopped, and
    now takes ~1 ms (gc callbacks in the gateway after a load run). It changes no throughput: in a 5 s
    ingest run the collector ran ~100 young collections, ~45 ms in all, either way.

@@ -28,10 +28,10 @@ from edge_agent.ops import AgentHttp
 from edge_agent.spool import GroupCommit, Spool
 from edge_agent.uplink import Uplink, send_nowait
 from edgewire import DictionaryStore, FrameCodec, FrameError, is_valid_id, labels, new_id, now_unix_us, pb
-from gateway.ops.logs import LogSettings
-from gateway.profile import profile_of, wire_priority
+from inference.profile import profile_of, wire_priority
 from routing.holder import PolicyHolder
 from routing.types import Priority, Tier
+from service.logs import LogSettings
 
 log = structlog.get_logger("edge_agent")
 LOCAL_MAX_BATCH = 32

@@ -122,8 +122,8 @@ def _run(args: argparse.Namespace) -> int:
         for key, message in exc.problems:
             print(f"edge-agent: config: {key}: {message}", file=sys.stderr)
         return 2
-    from gateway.ops.logs import configure_logging
-    from gateway.ops.runtime import run_main
+    from service.logs import configure_logging
+    from service.runtime import run_main
 
     # Logs go to stderr (JSON off a terminal), so stdout carries only the --synthetic summary, which a
     # run's info lines would drown unless the config asks for them.
@@ -137,11 +137,11 @@ def _run(args: argparse.Namespace) -> int:
 async def _serve(config: Any, args: argparse.Namespace) -> int:
     from edge_agent.agent import EdgeAgent
     from edge_agent.drive import drive
-    from gateway.ops.runtime import freeze_startup_objects
+    from service.runtime import freeze_startup_objects
 
     agent = EdgeAgent(config)
     await agent.start()
-    freeze_startup_objects()  # full collections no longer scan the start-up heap (gateway/ops/runtime.py)
+    freeze_startup_objects()  # full collections no longer scan the start-up heap (service/runtime.py)
     try:
         if args.synthetic:
             result = await drive(agent.intake_endpoint, config.region, args.synthetic, args.rate)

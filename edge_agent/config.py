@@ -14,10 +14,10 @@ from typing import Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from edgewire.codec import DEFAULT_MIN_SAVING
-from gateway.config import LoggingConfig
-from gateway.configfile import ConfigFileError, env_overrides, merge_tables, read_toml, validation_problems
 from routing.config import DEFAULT_ROUTING_SECTION, RoutingConfig, RoutingConfigError, load_routing_config
 from routing.regions import REGIONS
+from service.configfile import ConfigFileError, env_overrides, merge_tables, read_toml, validation_problems
+from service.logs import LoggingConfig
 
 ENV_PREFIX = "EDGE_"
 REGION_NAMES = tuple(r.name for r in REGIONS)

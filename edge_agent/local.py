@@ -13,9 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from edgewire import pb
-from gateway.backends.base import BackendError, InferCall
-from gateway.backends.onnx import OnnxBackend, OnnxOptions
-from gateway.pipeline import worker
+from inference.backends.base import BackendError, InferCall
+from inference.backends.onnx import OnnxBackend, OnnxOptions
+from inference.pipeline import worker
 from routing.types import Priority
 
 

@@ -145,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _bgp_announcer(args: argparse.Namespace) -> int:
     from gateway.bgp.announcer import ExaBgpPipe
     from gateway.bgp.announcer import run as announce
-    from gateway.ops.logs import configure_logging
+    from service.logs import configure_logging
 
     try:
         config = load_config(args.bgp_config or args.config, overrides=_overrides(args))
@@ -231,8 +231,8 @@ def _replay_identity(
 
 
 def _models_init(args: argparse.Namespace) -> int:
-    from gateway.models.demo import write_demo_repository
     from gateway.models.triton import write_triton_repository
+    from inference.models.demo import write_demo_repository
 
     if args.triton is None:
         written = write_demo_repository(args.dir)
@@ -280,16 +280,16 @@ def _ensure_demo_models(config: GatewayConfig) -> None:
     for section in config.backends.values():
         repo = section.get("repository")
         if section.get("type") == "onnx" and repo == DEFAULT_MODELS_DIR and not Path(repo).exists():
-            from gateway.models.demo import write_demo_repository
+            from inference.models.demo import write_demo_repository
 
             write_demo_repository(Path(repo))
 
 
 def run(config: GatewayConfig, config_path: Path | None, overrides: Mapping[str, Any] | None = None) -> int:
     """Serve until stopped; ``overrides`` (the command line's) are applied again at each SIGHUP."""
-    from gateway.ops.logs import configure_logging
-    from gateway.ops.runtime import run_main
     from gateway.server import Gateway, GatewayStartError
+    from service.logs import configure_logging
+    from service.runtime import run_main
 
     configure_logging(config.logging)
     _ensure_demo_models(config)

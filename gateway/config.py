@@ -15,7 +15,6 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from gateway.configfile import ConfigFileError, env_overrides, merge_tables, read_toml, validation_problems
 from routing.config import (
     DEFAULT_ROUTING_SECTION,
     RoutingConfig,
@@ -23,11 +22,11 @@ from routing.config import (
     default_routing_config,
     load_routing_config,
 )
+from service.configfile import ConfigFileError, env_overrides, merge_tables, read_toml, validation_problems
+from service.logs import LoggingConfig
 
 ENV_PREFIX = "HKGW_"
 SecurityMode = Literal["curve", "plaintext"]
-LogFormat = Literal["auto", "json", "console"]
-LogLevel = Literal["debug", "info", "warning", "error"]
 DEFAULT_MODELS_DIR = "var/models"
 
 
@@ -215,11 +214,6 @@ class HealthConfig(_Section):
     stall_s: float = Field(default=2.0, gt=0)  # a carrier with unread input this long is not passing traffic
 
 
-class LoggingConfig(_Section):
-    format: LogFormat = "auto"
-    level: LogLevel = "info"
-
-
 class CaptureConfig(_Section):
     """Traffic capture (docs/CAPTURE.md): rotating compressed files of received messages, off the hot path."""
 
@@ -291,7 +285,7 @@ class GatewayConfig(_Section):
     @classmethod
     def _backend_types(cls, backends: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         import gateway.backends.builtin  # noqa: F401  (registers the built-in types)
-        from gateway.backends.base import create, registered_types
+        from inference.backends.base import create, registered_types
 
         known = registered_types()
         for name, section in backends.items():

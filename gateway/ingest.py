@@ -25,8 +25,8 @@ from gateway.dispatch.work import WorkItem
 from gateway.ingress.auth import AgentAuthenticator
 from gateway.ingress.carrier import CarrierIngress
 from gateway.ops.metrics import GatewayMetrics
-from gateway.profile import profile_of, wire_priority
 from gateway.replies import ReplyRouter
+from inference.profile import profile_of, wire_priority
 from routing.geo import RegionResolver
 from routing.holder import PolicyHolder
 from routing.types import Decision, PoolSignals, Priority, Reason, Tier

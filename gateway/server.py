@@ -23,7 +23,6 @@ import zmq.asyncio
 
 import gateway.backends.builtin  # noqa: F401  (registers the built-in backend types)
 from edgewire import CodecLimits, DictionaryStore, FrameCodec
-from gateway.backends.base import Backend, HealthChecked, Rescanning, create
 from gateway.capture.recorder import CaptureRecorder
 from gateway.capture.redact import Redactor
 from gateway.config import GatewayConfig, load_config
@@ -42,15 +41,16 @@ from gateway.ingress.auth import (
 from gateway.ingress.carrier import CarrierIngress
 from gateway.ops.health import CarrierProbe, CarrierState, HealthSnapshot, Hysteresis, raw_state
 from gateway.ops.http import HealthServer, read_admin_token
-from gateway.ops.logs import LogSettings
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.notify import SystemdNotifier
-from gateway.ops.runtime import freeze_startup_objects
-from gateway.pipeline.registry import PipelineDeclarations
 from gateway.replies import ReplyRouter
+from inference.backends.base import Backend, HealthChecked, Rescanning, create
+from inference.pipeline.registry import PipelineDeclarations
 from routing.geo import RegionResolver
 from routing.holder import PolicyHolder
 from routing.types import Tier
+from service.logs import LogSettings
+from service.runtime import freeze_startup_objects
 
 log = structlog.get_logger("gateway")
 

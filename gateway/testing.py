@@ -18,7 +18,9 @@ import zmq
 import zmq.asyncio
 
 from edgewire import FrameCodec, new_id, now_unix_us, pb
-from gateway.backends.base import (
+from gateway.config import GatewayConfig, load_config
+from gateway.server import Gateway
+from inference.backends.base import (
     Backend,
     BackendError,
     BackendHealth,
@@ -28,9 +30,7 @@ from gateway.backends.base import (
     create,
     register,
 )
-from gateway.config import GatewayConfig, load_config
-from gateway.configfile import merge_tables
-from gateway.server import Gateway
+from service.configfile import merge_tables
 
 
 class FaultInjectingBackend:

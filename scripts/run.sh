@@ -4,6 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-.venv/bin/python -m gateway.demo "$@"
+.venv/bin/python -m demo "$@"
 echo
 .venv/bin/python -m bench.compression --requests 2000

@@ -1,4 +1,4 @@
-"""Train the shipped WordPiece vocabulary (gateway/pipeline/vocab/shop-wordpiece.json) on synthetic text.
+"""Train the shipped WordPiece vocabulary (inference/pipeline/vocab/shop-wordpiece.json) on synthetic text.
 
     .venv/bin/python scripts/train_tokenizer.py [--vocab-size 8192] [--out PATH]
 
@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edge_agent.synthetic.vocab import DESCRIPTION_TEMPLATES, VOCAB
-from gateway.pipeline import tokenizer
+from inference.pipeline import tokenizer
 
 
 def corpus() -> Iterator[str]:

@@ -28,9 +28,9 @@ from ray import serve
 from tritonclient.grpc import service_pb2 as kserve
 from tritonclient.utils import np_to_triton_dtype, triton_to_np_dtype
 
-from gateway.backends.base import BackendError, InferCall, ModelSpec
-from gateway.backends.modelrepo import config_from_spec
-from gateway.backends.onnx import OnnxBackend, OnnxOptions
+from inference.backends.base import BackendError, InferCall, ModelSpec
+from inference.backends.modelrepo import config_from_spec
+from inference.backends.onnx import OnnxBackend, OnnxOptions
 from routing.types import Priority
 
 SERVICER = "hk_rayserve.add_kserve_servicer"

@@ -33,7 +33,7 @@ import tritonclient.grpc.aio as triton_aio
 from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from gateway.backends.base import (
+from inference.backends.base import (
     BackendError,
     BackendHealth,
     InferCall,
@@ -42,8 +42,8 @@ from gateway.backends.base import (
     ModelSpec,
     ServedVersions,
 )
-from gateway.backends.modelrepo import ModelRepositoryError, spec_from_config
-from gateway.backends.options import integer, refuse_unknown, seconds
+from inference.backends.modelrepo import ModelRepositoryError, spec_from_config
+from inference.backends.options import integer, refuse_unknown, seconds
 from routing.types import Priority
 
 _log = structlog.get_logger(__name__)

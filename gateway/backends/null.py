@@ -14,7 +14,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from gateway.backends.base import (
+from inference.backends.base import (
     Backend,
     BackendError,
     BackendHealth,
@@ -25,14 +25,14 @@ from gateway.backends.base import (
     ServedVersions,
     register,
 )
-from gateway.backends.modelrepo import (
+from inference.backends.modelrepo import (
     REPOSITORY_OPTIONS,
     ModelRepository,
     RepositoryOptions,
     spec_from_config,
 )
-from gateway.backends.options import refuse_unknown
-from gateway.models.demo import DEMO_MODELS, demo_config
+from inference.backends.options import refuse_unknown
+from inference.models.demo import DEMO_MODELS, demo_config
 
 _OPTIONS: Final = REPOSITORY_OPTIONS
 

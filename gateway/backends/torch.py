@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from gateway.backends.base import (
+from inference.backends.base import (
     Backend,
     BackendError,
     BackendHealth,
@@ -32,7 +32,7 @@ from gateway.backends.base import (
     ModelSpec,
     register,
 )
-from gateway.backends.options import integer, refuse_unknown
+from inference.backends.options import integer, refuse_unknown
 
 DTYPES: Final = ("float16", "bfloat16", "float32")
 _OPTIONS: Final = frozenset({"device", "dtype", "models", "threads"})

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from gateway.backends.base import Backend, BackendError, InferCall, register
 from gateway.backends.kserve import KServeBackend, KServeOptions, ServerAnswer, common_error
+from inference.backends.base import Backend, BackendError, InferCall, register
 from routing.types import Priority
 
 QUEUE_FULL: Final = "Exceeds maximum queue size"

@@ -22,13 +22,13 @@ import numpy as np
 import structlog
 
 from edgewire import pb
-from gateway.backends.base import BackendError, ModelSpec
-from gateway.dispatch.arena import FeatureArena, Slot, shm_free_bytes
 from gateway.dispatch.workers import TaskTimedOut, WorkerDied, WorkerPool
 from gateway.ops.metrics import GatewayMetrics
-from gateway.pipeline import worker
-from gateway.pipeline.base import Prepared
-from gateway.pipeline.registry import CHEAP_PIPELINES, LOOP_PIPELINES
+from inference.backends.base import BackendError, ModelSpec
+from inference.pipeline import worker
+from inference.pipeline.arena import FeatureArena, Slot, shm_free_bytes
+from inference.pipeline.base import Prepared
+from inference.pipeline.registry import CHEAP_PIPELINES, LOOP_PIPELINES
 
 log = structlog.get_logger("gateway.cpu")
 CpuMode = Literal["process", "thread"]
@@ -79,7 +79,7 @@ class CpuStage:
             # forkserver: workers are forked from a clean server process, never from this one with its
             # ZeroMQ and ONNX Runtime threads; the pipelines are imported once in the server.
             context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(["gateway.pipeline.worker"])
+            context.set_forkserver_preload(["inference.pipeline.worker"])
             self._processes = WorkerPool(
                 self.workers,
                 context,

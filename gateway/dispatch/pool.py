@@ -22,15 +22,15 @@ import numpy as np
 import structlog
 
 from edgewire import labels, pb
-from gateway.backends.base import Backend, BackendError, BackendHealth, InferCall, InferResult, ModelSpec
 from gateway.config import PoolDispatch
 from gateway.dispatch.breaker import BreakerState, CircuitBreaker
 from gateway.dispatch.cpu import CpuStage
 from gateway.dispatch.work import PRIORITY_ORDER, WorkItem
 from gateway.ops.metrics import GatewayMetrics
-from gateway.pipeline.base import Prepared
-from gateway.pipeline.registry import PADDED_PIPELINES, PipelineDeclarations
-from gateway.pipeline.text import length_bucket
+from inference.backends.base import Backend, BackendError, BackendHealth, InferCall, InferResult, ModelSpec
+from inference.pipeline.base import Prepared
+from inference.pipeline.registry import PADDED_PIPELINES, PipelineDeclarations
+from inference.pipeline.text import length_bucket
 from routing.types import PoolSignals
 
 log = structlog.get_logger("gateway.dispatch")

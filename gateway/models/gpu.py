@@ -11,8 +11,8 @@ from __future__ import annotations
 import importlib
 from typing import Any, Final
 
-from gateway.backends.base import ModelSpec, TensorSpec
 from gateway.backends.torch import TorchModel
+from inference.backends.base import ModelSpec, TensorSpec
 
 BERT_SEQ: Final = 128
 MAX_BATCH: Final = 128

@@ -17,7 +17,7 @@ from typing import Any, Final, Literal
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from gateway.models.demo import (
+from inference.models.demo import (
     CONFIG_FILENAME,
     DEFAULT_SEED,
     DEMO_MODELS,

@@ -24,10 +24,10 @@ import aiohttp
 import pytest
 
 from gateway.config import load_config
-from gateway.configfile import merge_tables
 from gateway.server import Gateway
 from gateway.testing import run_gateway, wait_for
 from gateway.testing_servers import free_port
+from service.configfile import merge_tables
 from tests.gateway.daemon.process import GatewayProcess, write_config
 from tests.gateway.daemon.test_dispatch import backend, split_backends
 

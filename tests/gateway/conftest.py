@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.models.demo import DEMO_MODELS, IMAGE_MODEL
 from gateway.models.triton import write_triton_repository
 from gateway.testing_servers import RayServeEndpoint, RayServeProxy, TritonServer, local_ray
+from inference.models.demo import DEMO_MODELS, IMAGE_MODEL
 
 SLOW_S = 0.4  # each execution of slow_triton's model takes this long
 
@@ -68,7 +68,7 @@ def ray_serve(ray_cluster: None) -> Iterator[RayServeProxy]:
 @pytest.fixture(scope="session")
 def rayserve(ray_serve: RayServeProxy, tmp_path_factory: pytest.TempPathFactory) -> RayServeEndpoint:
     """deploy/rayserve's application on the demo models (version 1), behind Ray Serve's gRPC proxy."""
-    from gateway.models.demo import write_demo_repository
+    from inference.models.demo import write_demo_repository
 
     root = tmp_path_factory.mktemp("rayserve-models")
     write_demo_repository(root)

@@ -7,9 +7,9 @@ import statistics
 
 from edge_agent.synthetic import SyntheticTraffic
 from edgewire import pb
-from gateway.pipeline import tokenizer
-from gateway.pipeline.textsize import SCAN_CHARS, estimated_tokens
-from gateway.profile import profile_of
+from inference.pipeline import tokenizer
+from inference.pipeline.textsize import SCAN_CHARS, estimated_tokens
+from inference.profile import profile_of
 from routing import Priority, Tier, TierPolicy, default_routing_config
 from routing.complexity import ComplexityEstimator
 from routing.config import CostModelConfig

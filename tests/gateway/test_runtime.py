@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from gateway.ops.runtime import freeze_startup_objects
+from service.runtime import freeze_startup_objects
 
 
 class _Node:

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from gateway.capture.format import SUFFIX
 from gateway.capture.replay import ReplayOptions, replay, summary_text, write_decisions
-from gateway.models.demo import write_demo_repository
 from gateway.testing import run_gateway
+from inference.models.demo import write_demo_repository
 from tests.replay.support import capture_synthetic, gateway_overrides
 
 CASES = Path(__file__).with_name("cases")

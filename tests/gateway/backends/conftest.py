@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.backends.onnx import OnnxBackend, OnnxOptions
-from gateway.models import write_demo_repository
+from inference.backends.onnx import OnnxBackend, OnnxOptions
+from inference.models import write_demo_repository
 
 
 @pytest.fixture

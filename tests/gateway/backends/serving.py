@@ -6,9 +6,9 @@ from functools import cache
 
 from edge_agent.synthetic import SyntheticTraffic
 from edgewire import pb
-from gateway.backends.base import Backend, InferCall, InferResult
-from gateway.pipeline.base import Prepared
-from gateway.pipeline.registry import pipeline_for
+from inference.backends.base import Backend, InferCall, InferResult
+from inference.pipeline.base import Prepared
+from inference.pipeline.registry import pipeline_for
 from routing.types import Priority
 
 CACHED = 32

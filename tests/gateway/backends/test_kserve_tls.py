@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import gateway.backends.builtin  # noqa: F401  (registers the backend types)
-from gateway.backends.base import create
 from gateway.backends.kserve import KServeBackend, KServeOptions
+from inference.backends.base import create
 from tests.gateway.backends.pki import Pki, make_pki
 
 

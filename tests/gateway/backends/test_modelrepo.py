@@ -6,16 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from gateway.backends.base import ModelSpec, TensorSpec
-from gateway.backends.modelrepo import (
+from inference.backends.base import ModelSpec, TensorSpec
+from inference.backends.modelrepo import (
     ModelRepository,
     ModelRepositoryError,
     RepositoryOptions,
     config_from_spec,
     spec_from_config,
 )
-from gateway.models import DEMO_MODELS, demo_config, write_demo_repository, write_model_version
-from gateway.models.demo import RANKING_NORMALISATION
+from inference.models import DEMO_MODELS, demo_config, write_demo_repository, write_model_version
+from inference.models.demo import RANKING_NORMALISATION
 
 TESTDATA = Path(__file__).parent / "testdata"
 BAD_CONFIGS = sorted(TESTDATA.glob("*.pbtxt"))

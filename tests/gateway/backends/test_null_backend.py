@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from gateway.backends import builtin  # noqa: F401  (registers the built-in backend types)
-from gateway.backends.base import BackendHealth, InferCall, ModelNotFound, create
 from gateway.backends.null import NullBackend
-from gateway.models import write_model_version
+from inference.backends.base import BackendHealth, InferCall, ModelNotFound, create
+from inference.models import write_model_version
 from routing.types import Priority
 from tests.gateway.backends.serving import serve, synthetic
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gateway.backends import builtin  # noqa: F401  (registers the built-in backend types)
-from gateway.backends.base import (
+from inference.backends.base import (
     BackendError,
     BackendHealth,
     InferCall,
@@ -20,9 +20,9 @@ from gateway.backends.base import (
     create,
     registered_types,
 )
-from gateway.backends.modelrepo import ModelRepositoryError
-from gateway.backends.onnx import OnnxBackend, OnnxOptions
-from gateway.models import write_model_version
+from inference.backends.modelrepo import ModelRepositoryError
+from inference.backends.onnx import OnnxBackend, OnnxOptions
+from inference.models import write_model_version
 from routing.types import Priority
 from tests.gateway.backends.serving import serve, synthetic
 

@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator, Iterator
 import numpy as np
 import pytest
 
-from gateway.backends.base import BackendError, BackendHealth, ModelNotFound, create
 from gateway.backends.kserve import KServeBackend, ServerAnswer
-from gateway.backends.onnx import OnnxBackend
 from gateway.backends.rayserve import RayServeDialect
-from gateway.models.demo import IMAGE_MODEL, RANKING_MODEL, TEXT_MODEL, write_demo_repository
 from gateway.testing_servers import RayServeEndpoint, RayServeProxy
+from inference.backends.base import BackendError, BackendHealth, ModelNotFound, create
+from inference.backends.onnx import OnnxBackend
+from inference.models.demo import IMAGE_MODEL, RANKING_MODEL, TEXT_MODEL, write_demo_repository
 from routing.types import Priority
 from tests.gateway.backends.test_triton_backend import assert_some_overloaded, call
 

@@ -6,8 +6,8 @@ import importlib.util
 
 import pytest
 
-from gateway.backends.base import BackendHealth, create
 from gateway.backends.torch import TorchBackend, TorchOptions
+from inference.backends.base import BackendHealth, create
 
 
 def test_options_are_read_with_defaults() -> None:

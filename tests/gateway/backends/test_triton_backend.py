@@ -13,13 +13,13 @@ import tritonclient.grpc.aio as triton_aio
 from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException
 
-from gateway.backends.base import BackendError, BackendHealth, InferCall, ModelNotFound, create
 from gateway.backends.kserve import KServeBackend, KServeOptions, ServerAnswer
-from gateway.backends.onnx import OnnxBackend
 from gateway.backends.triton import TritonDialect
-from gateway.models.demo import IMAGE_MODEL, RANKING_MODEL, TEXT_MODEL
 from gateway.testing import wait_for
 from gateway.testing_servers import TritonServer, TritonTls
+from inference.backends.base import BackendError, BackendHealth, InferCall, ModelNotFound, create
+from inference.backends.onnx import OnnxBackend
+from inference.models.demo import IMAGE_MODEL, RANKING_MODEL, TEXT_MODEL
 from routing.types import Priority
 from tests.gateway.backends.pki import SERVER_NAME, make_pki
 from tests.gateway.conftest import SLOW_S

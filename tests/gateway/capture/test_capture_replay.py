@@ -23,7 +23,7 @@ from tests.replay.support import capture_synthetic, gateway_overrides
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """300 synthetic requests of every kind and region, captured by a real gateway."""
-    from gateway.models.demo import write_demo_repository
+    from inference.models.demo import write_demo_repository
 
     root = tmp_path_factory.mktemp("capture-case")
     write_demo_repository(root / "models")
@@ -119,7 +119,7 @@ async def test_full_disk_drops_capture_records_but_never_stalls_ingest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With every capture write failing (ENOSPC), all requests are still answered; drops are counted."""
-    from gateway.models.demo import write_demo_repository
+    from inference.models.demo import write_demo_repository
 
     write_demo_repository(tmp_path / "models")
 
@@ -140,7 +140,7 @@ async def test_full_disk_drops_capture_records_but_never_stalls_ingest(
 
 async def test_admin_endpoint_captures_for_a_bounded_time(tmp_path: Path) -> None:
     """POST /admin/capture?seconds=N switches capture on for N seconds on a gateway started without it."""
-    from gateway.models.demo import write_demo_repository
+    from inference.models.demo import write_demo_repository
 
     write_demo_repository(tmp_path / "models")
     overrides = {"capture": {"directory": str(tmp_path / "capture"), "flush_interval_s": 0.1}}

@@ -16,15 +16,15 @@ import pytest
 from PIL import Image
 
 from edgewire import pb
-from gateway.backends.base import BackendError, ModelSpec, TensorSpec
 from gateway.dispatch import cpu as cpu_module
-from gateway.dispatch.arena import ALIGN, FeatureArena, place
 from gateway.dispatch.cpu import CpuStage
 from gateway.ops.metrics import GatewayMetrics
-from gateway.pipeline import worker as worker_module
-from gateway.pipeline.base import Prepared
-from gateway.pipeline.tensor import tensor_from_array
 from gateway.testing import WireClient, fresh_requests, run_gateway, wait_for
+from inference.backends.base import BackendError, ModelSpec, TensorSpec
+from inference.pipeline import worker as worker_module
+from inference.pipeline.arena import ALIGN, FeatureArena, place
+from inference.pipeline.base import Prepared
+from inference.pipeline.tensor import tensor_from_array
 from tests.gateway.daemon.test_serving import synthetic
 from tests.gateway.pipeline.specs import demo_spec
 

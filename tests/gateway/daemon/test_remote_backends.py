@@ -15,9 +15,9 @@ from edge_agent.agent import EdgeAgent
 from edge_agent.client import EdgeClient
 from edge_agent.synthetic import SyntheticTraffic
 from edgewire import pb
-from gateway.models.demo import DEMO_MODELS, IMAGE_MODEL
 from gateway.testing import WireClient, fresh_requests, run_gateway, wait_for
 from gateway.testing_servers import RayServeEndpoint, TritonServer
+from inference.models.demo import DEMO_MODELS, IMAGE_MODEL
 from routing.config import DEFAULT_ROUTING_SECTION
 from tests.edge_agent.conftest import agent_config
 from tests.gateway.conftest import SLOW_S

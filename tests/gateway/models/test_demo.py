@@ -8,8 +8,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from gateway.backends.modelrepo import load_model_config
-from gateway.models import DEMO_MODELS, write_demo_repository, write_model_version
+from inference.backends.modelrepo import load_model_config
+from inference.models import DEMO_MODELS, write_demo_repository, write_model_version
 
 
 def tree(root: Path) -> dict[str, bytes]:

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.backends.modelrepo import load_model_config, spec_from_config
 from gateway.cli import main
-from gateway.models.demo import DEMO_MODELS
 from gateway.models.triton import config_text, triton_config
+from inference.backends.modelrepo import load_model_config, spec_from_config
+from inference.models.demo import DEMO_MODELS
 
 DEPLOY = Path(__file__).parents[3] / "deploy" / "triton"
 

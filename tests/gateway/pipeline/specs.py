@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.backends.base import ModelSpec
-from gateway.backends.modelrepo import spec_from_config
-from gateway.models import demo_config
+from inference.backends.base import ModelSpec
+from inference.backends.modelrepo import spec_from_config
+from inference.models import demo_config
 
 
 def demo_spec(model: str) -> ModelSpec:

@@ -10,9 +10,9 @@ from PIL import Image
 
 from edge_agent.synthetic.images import product_photo
 from edgewire import pb
-from gateway.models import IMAGE_LABELS
-from gateway.pipeline.image import ImagePipeline
-from gateway.pipeline.tensor import InvalidInput, decode_bytes
+from inference.models import IMAGE_LABELS
+from inference.pipeline.image import ImagePipeline
+from inference.pipeline.tensor import InvalidInput, decode_bytes
 from tests.gateway.pipeline.specs import demo_spec
 
 SPEC = demo_spec("image-classifier")

@@ -11,13 +11,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edgewire import pb
-from gateway.pipeline.ranking import (
+from inference.pipeline.ranking import (
     RankingPipeline,
     dense_parts,
     packed_floats32,
     top_k_orders,
 )
-from gateway.pipeline.tensor import InvalidInput
+from inference.pipeline.tensor import InvalidInput
 from tests.gateway.backends.serving import synthetic
 from tests.gateway.pipeline.specs import demo_spec
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.pipeline.registry import PIPELINE_NAMES, REJECT_LABELS, pipeline_for
+from inference.pipeline.registry import PIPELINE_NAMES, REJECT_LABELS, pipeline_for
 
 
 @pytest.mark.parametrize("name", PIPELINE_NAMES)

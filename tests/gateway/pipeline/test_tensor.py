@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from edgewire import pb
-from gateway.backends.base import ModelSpec, TensorSpec
-from gateway.backends.onnx import OnnxBackend, OnnxOptions
-from gateway.models import write_demo_repository
-from gateway.pipeline import tensor as tensor_module
-from gateway.pipeline.tensor import (
+from inference.backends.base import ModelSpec, TensorSpec
+from inference.backends.onnx import OnnxBackend, OnnxOptions
+from inference.models import write_demo_repository
+from inference.pipeline import tensor as tensor_module
+from inference.pipeline.tensor import (
     InvalidInput,
     TensorDecodeError,
     TensorPipeline,

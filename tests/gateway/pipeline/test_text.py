@@ -12,10 +12,10 @@ import pytest
 
 from edge_agent.synthetic import SyntheticTraffic
 from edgewire import pb
-from gateway.pipeline import tokenizer
-from gateway.pipeline.tensor import InvalidInput
-from gateway.pipeline.text import LENGTH_BUCKETS, TextPipeline, length_bucket, tokenize
-from gateway.pipeline.textsize import MAX_TEXT_CHARS, estimated_tokens
+from inference.pipeline import tokenizer
+from inference.pipeline.tensor import InvalidInput
+from inference.pipeline.text import LENGTH_BUCKETS, TextPipeline, length_bucket, tokenize
+from inference.pipeline.textsize import MAX_TEXT_CHARS, estimated_tokens
 from tests.gateway.pipeline.specs import demo_spec
 
 SPEC = demo_spec("text-encoder")

@@ -1,6 +1,6 @@
 """The main job of the README: a real gateway and realistic synthetic traffic, and what happened.
 
-    python -m gateway.demo [--requests 3000] [--rate 1500]
+    python -m demo [--requests 3000] [--rate 1500]
 
 Starts ``hk-gateway`` with no arguments (three loopback carriers, the embedded ONNX demo models), starts one
 edge agent per region (each with its local tier, spool and uplink over all three carriers), feeds each its

@@ -1,6 +1,6 @@
 """The text models' tokenizer: a WordPiece vocabulary in Hugging Face ``tokenizers`` format.
 
-The gateway ships one, ``shop-wordpiece`` (``gateway/pipeline/vocab/shop-wordpiece.json``), trained on the
+The gateway ships one, ``shop-wordpiece`` (``inference/pipeline/vocab/shop-wordpiece.json``), trained on the
 synthetic shop corpus (product words of every market) by ``scripts/train_tokenizer.py``; nothing is
 downloaded. A model names its tokenizer in its ``tokenizer`` parameter: a shipped name, or the path of any
 ``tokenizer.json`` with the same special tokens (a BERT vocabulary works, e.g. for BERT-base).

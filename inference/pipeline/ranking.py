@@ -25,9 +25,9 @@ import numpy as np
 
 from edgewire import pb
 from edgewire.pb.edgeinfer.v1.views_pb2 import RankingDenseView
-from gateway.backends.base import ModelSpec
-from gateway.pipeline.base import Prepared
-from gateway.pipeline.tensor import InvalidInput, batch_slices, tensor_from_array
+from inference.backends.base import ModelSpec
+from inference.pipeline.base import Prepared
+from inference.pipeline.tensor import InvalidInput, batch_slices, tensor_from_array
 
 SCORES = "scores"
 ITEM_IDS = "item_ids"

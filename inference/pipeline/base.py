@@ -14,8 +14,8 @@ from typing import Protocol
 import numpy as np
 
 from edgewire import pb
-from gateway.backends.base import ModelSpec
-from gateway.dispatch.arena import Placed, Slot
+from inference.backends.base import ModelSpec
+from inference.pipeline.arena import Placed, Slot
 
 
 @dataclass(slots=True)

@@ -15,9 +15,9 @@ import numpy as np
 from PIL import Image
 
 from edgewire import pb
-from gateway.backends.base import ModelSpec
-from gateway.pipeline.base import Prepared
-from gateway.pipeline.tensor import InvalidInput, Rejected, encode_bytes, tensor_from_array
+from inference.backends.base import ModelSpec
+from inference.pipeline.base import Prepared
+from inference.pipeline.tensor import InvalidInput, Rejected, encode_bytes, tensor_from_array
 
 MAX_PIXELS: Final = 40_000_000
 """Largest image decoded, checked from the header before decoding (a decompression bomb is refused)."""

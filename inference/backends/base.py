@@ -1,7 +1,7 @@
 """The backend Protocol: what the dispatcher needs from an inference server, and nothing more.
 
 A backend serves named, versioned models that take and return dense tensors. Turning wire requests into
-tensors (and tensors back into wire outputs) is the pipeline's job (``gateway.pipeline``), shared by every
+tensors (and tensors back into wire outputs) is the pipeline's job (``inference.pipeline``), shared by every
 backend, so that one input gives one output whichever pool serves it.
 """
 

@@ -14,10 +14,10 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from edgewire import pb
-from gateway.backends.base import ModelSpec
-from gateway.dispatch.arena import Slot, payloads_in, place
-from gateway.pipeline.base import Prepared
-from gateway.pipeline.registry import pipeline_for
+from inference.backends.base import ModelSpec
+from inference.pipeline.arena import Slot, payloads_in, place
+from inference.pipeline.base import Prepared
+from inference.pipeline.registry import pipeline_for
 
 
 def prepare_batch(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from edgewire import pb
-from gateway.pipeline.textsize import estimated_tokens
+from inference.pipeline.textsize import estimated_tokens
 from routing.types import Priority, RequestKind, RequestProfile
 
 _PRIORITY = {

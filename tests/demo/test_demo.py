@@ -8,9 +8,9 @@ from pathlib import Path
 
 
 def test_demo_answers_everything_and_drains(tmp_path: Path) -> None:
-    """python -m gateway.demo (gateway + one edge agent per region) loses nothing and drains cleanly."""
+    """python -m demo (gateway + one edge agent per region) loses nothing and drains cleanly."""
     result = subprocess.run(
-        [sys.executable, "-m", "gateway.demo", "--requests", "300", "--rate", "200"],
+        [sys.executable, "-m", "demo", "--requests", "300", "--rate", "200"],
         cwd=tmp_path,
         capture_output=True,
         text=True,

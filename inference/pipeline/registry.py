@@ -5,17 +5,25 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from functools import cache
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
-from gateway.backends.base import ModelSpec
-from gateway.pipeline.base import Pipeline
-from gateway.pipeline.image import ImagePipeline
-from gateway.pipeline.ranking import RankingPipeline
-from gateway.pipeline.tensor import InvalidInput, TensorPipeline
-from gateway.pipeline.text import TextPipeline
+from inference.backends.base import ModelSpec
+from inference.pipeline.base import Pipeline
+from inference.pipeline.image import ImagePipeline
+from inference.pipeline.ranking import RankingPipeline
+from inference.pipeline.tensor import InvalidInput, TensorPipeline
+from inference.pipeline.text import TextPipeline
 
-if TYPE_CHECKING:  # the CPU workers import this module; they need no config parsing
-    from gateway.config import ModelPipelineConfig
+
+class PipelineOverride(Protocol):
+    """What a gateway's ``[pipelines.<model>]`` declaration sets (gateway.config.ModelPipelineConfig)."""
+
+    @property
+    def pipeline(self) -> str | None: ...
+
+    @property
+    def parameters(self) -> Mapping[str, str]: ...
+
 
 _FACTORIES: Final[dict[str, Callable[[], Pipeline]]] = {
     "ranking": RankingPipeline,
@@ -55,7 +63,7 @@ class PipelineDeclarations:
     the object when it reloads the model) and kept in a bounded cache.
     """
 
-    def __init__(self, declared: Mapping[str, ModelPipelineConfig] | None = None) -> None:
+    def __init__(self, declared: Mapping[str, PipelineOverride] | None = None) -> None:
         self._declared = dict(declared or {})
         self._specs: dict[int, tuple[ModelSpec, ModelSpec]] = {}  # id(backend's spec) -> (it, declared)
 

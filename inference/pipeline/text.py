@@ -1,6 +1,6 @@
 """Text queries -> WordPiece token ids padded to a length bucket -> L2-normalised embeddings.
 
-Tokenization is Hugging Face ``tokenizers`` (:mod:`gateway.pipeline.tokenizer`: the model's ``tokenizer``
+Tokenization is Hugging Face ``tokenizers`` (:mod:`inference.pipeline.tokenizer`: the model's ``tokenizer``
 parameter, the shipped ``shop-wordpiece`` by default), one ``encode_batch`` call per batch in Rust. A
 sequence is [CLS] and its word pieces, cut to ``max_tokens``; the batch is padded (id 0) to the smallest
 bucket of :data:`LENGTH_BUCKETS` that holds its longest sequence, so the few shapes the model sees stay
@@ -19,11 +19,11 @@ from typing import Final
 import numpy as np
 
 from edgewire import pb
-from gateway.backends.base import ModelSpec
-from gateway.pipeline import tokenizer
-from gateway.pipeline.base import Prepared
-from gateway.pipeline.tensor import InvalidInput, tensor_from_array
-from gateway.pipeline.textsize import MAX_TEXT_CHARS
+from inference.backends.base import ModelSpec
+from inference.pipeline import tokenizer
+from inference.pipeline.base import Prepared
+from inference.pipeline.tensor import InvalidInput, tensor_from_array
+from inference.pipeline.textsize import MAX_TEXT_CHARS
 
 PAD_ID: Final = tokenizer.PAD_ID
 CLS_ID: Final = tokenizer.CLS_ID

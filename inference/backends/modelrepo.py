@@ -1,7 +1,7 @@
 """A Triton-layout model repository on disk: ``<root>/<model>/config.pbtxt`` + ``<root>/<model>/<version>/``.
 
 :class:`ModelRepository` scans the directory, parses each ``config.pbtxt`` (Triton's ModelConfig text
-format) into a :class:`~gateway.backends.base.ModelSpec`, lists the numeric version directories that hold a
+format) into a :class:`~inference.backends.base.ModelSpec`, lists the numeric version directories that hold a
 model file, and picks the versions to load (the config's ``version_policy``, plus a pinned version) and the
 serving default (the pin, else the latest). :meth:`ModelRepository.rescan` notices new or removed version
 directories without a restart and says what changed.
@@ -21,8 +21,8 @@ from typing import Any, Final, TypeAlias
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from gateway.backends.base import ModelSpec, TensorSpec
-from gateway.backends.options import integer
+from inference.backends.base import ModelSpec, TensorSpec
+from inference.backends.options import integer
 
 ModelConfig: TypeAlias = Any  # model_config_pb2.ModelConfig; the package ships no type information
 

@@ -22,7 +22,7 @@ import numpy as np
 import onnxruntime as ort
 import structlog
 
-from gateway.backends.base import (
+from inference.backends.base import (
     Backend,
     BackendError,
     BackendHealth,
@@ -33,14 +33,14 @@ from gateway.backends.base import (
     ServedVersions,
     register,
 )
-from gateway.backends.modelrepo import (
+from inference.backends.modelrepo import (
     REPOSITORY_OPTIONS,
     ModelRepository,
     ModelRepositoryError,
     RepositoryChange,
     RepositoryOptions,
 )
-from gateway.backends.options import integer, refuse_unknown, seconds
+from inference.backends.options import integer, refuse_unknown, seconds
 
 _log = structlog.get_logger(__name__)
 

@@ -15,8 +15,8 @@ from typing import Any, Final
 import numpy as np
 
 from edgewire import pb
-from gateway.backends.base import ModelSpec, TensorSpec
-from gateway.pipeline.base import Prepared
+from inference.backends.base import ModelSpec, TensorSpec
+from inference.pipeline.base import Prepared
 
 
 class InvalidInput(enum.StrEnum):
@@ -66,7 +66,7 @@ DTYPE_BY_DATATYPE: Final[Mapping[pb.DataType.ValueType, np.dtype[Any]]] = {
 DATATYPE_BY_DTYPE: Final[Mapping[str, pb.DataType.ValueType]] = {
     dtype.name: datatype for datatype, dtype in DTYPE_BY_DATATYPE.items()
 }
-"""Numpy dtype name (as in :class:`~gateway.backends.base.TensorSpec`) -> wire DataType."""
+"""Numpy dtype name (as in :class:`~inference.backends.base.TensorSpec`) -> wire DataType."""
 
 _LENGTH = np.dtype("<u4")
 # By the dtype itself: ``dtype.name`` is computed in Python on every access, a few microseconds per tensor.
