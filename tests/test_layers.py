@@ -52,11 +52,12 @@ def _imports(path: Path, module: str, known: dict[str, Path]) -> Iterator[tuple[
                 anchor = anchor[: len(anchor) - (node.level - 1)]
                 base = ".".join([*anchor, base] if base else anchor)
             names = [f"{base}.{alias.name}" for alias in node.names] + [base]
-        for name in names:
-            while name and name not in known:
-                name = name.rpartition(".")[0]
-            if name:
-                yield name, node.lineno
+        for imported in names:
+            target = imported
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target:
+                yield target, getattr(node, "lineno", 0)
 
 
 def _graph() -> tuple[dict[str, set[str]], dict[tuple[str, str], int]]:
@@ -137,7 +138,7 @@ def test_cycle_finder_finds_circles(edges: dict[str, set[str]], expected: list[l
 
 
 def test_import_reader_sees_function_level_and_type_checking_imports(tmp_path: Path) -> None:
-    """Imports inside functions and TYPE_CHECKING blocks are read, so a lazy import cannot hide a layer break."""
+    """Imports in functions and TYPE_CHECKING blocks are read: a lazy import cannot hide a layer break."""
     source = tmp_path / "mod.py"
     source.write_text(
         "from typing import TYPE_CHECKING\n"
