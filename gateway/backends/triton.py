@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from gateway.backends.kserve import KServeBackend, KServeOptions, ServerAnswer, common_error
+from gateway.backends.kserve.backend import KServeBackend
+from gateway.backends.kserve.dialect import ServerAnswer, common_error
+from gateway.backends.kserve.options import KServeOptions
 from inference.backends.base import Backend, BackendError, InferCall, register
 from routing.types import Priority
 

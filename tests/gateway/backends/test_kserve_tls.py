@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 import gateway.backends.builtin  # noqa: F401  (registers the backend types)
-from gateway.backends.kserve import KServeBackend, KServeOptions
+from gateway.backends.kserve.backend import KServeBackend
+from gateway.backends.kserve.options import KServeOptions
 from inference.backends.base import create
 from tests.gateway.backends.pki import Pki, make_pki
 

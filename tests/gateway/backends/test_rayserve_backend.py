@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator, Iterator
 import numpy as np
 import pytest
 
-from gateway.backends.kserve import KServeBackend, ServerAnswer
+from gateway.backends.kserve.backend import KServeBackend
+from gateway.backends.kserve.dialect import ServerAnswer
 from gateway.backends.rayserve import RayServeDialect
 from gateway.testing_servers import RayServeEndpoint, RayServeProxy
 from inference.backends.base import BackendError, BackendHealth, ModelNotFound, create

@@ -13,7 +13,9 @@ import tritonclient.grpc.aio as triton_aio
 from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException
 
-from gateway.backends.kserve import KServeBackend, KServeOptions, ServerAnswer
+from gateway.backends.kserve.backend import KServeBackend
+from gateway.backends.kserve.dialect import ServerAnswer
+from gateway.backends.kserve.options import KServeOptions
 from gateway.backends.triton import TritonDialect
 from gateway.testing import wait_for
 from gateway.testing_servers import TritonServer, TritonTls
