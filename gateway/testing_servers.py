@@ -121,6 +121,7 @@ class TritonServer:
         self.ready_timeout_s = ready_timeout_s
         self.grpc_port = free_port()
         self.http_port = free_port()
+        self.metrics_port = free_port()
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -146,7 +147,12 @@ class TritonServer:
                     f"--grpc-port={self.grpc_port}",
                     "--http-address=127.0.0.1",
                     f"--http-port={self.http_port}",
-                    "--allow-metrics=false",
+                    # Metrics say what the scheduler holds (pending_requests): tests wait on that.
+                    "--allow-metrics=true",
+                    "--allow-gpu-metrics=false",
+                    "--allow-cpu-metrics=false",
+                    "--metrics-address=127.0.0.1",
+                    f"--metrics-port={self.metrics_port}",
                     "--exit-timeout-secs=5",
                     *(self.tls.flags() if self.tls is not None else ()),
                 ],
@@ -176,6 +182,20 @@ class TritonServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def pending_requests(self, model: str) -> int:
+        """Requests for ``model`` that Triton's scheduler holds, not yet handed to an instance (its gauge
+        ``nv_inference_pending_request_count``, all versions). Tests wait on it instead of sleeping: with
+        one instance busy, the next call is queued once this counts it."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            body = response.read().decode()
+        label = f'model="{model}"'
+        return sum(
+            int(float(line.rsplit(" ", 1)[1]))
+            for line in body.splitlines()
+            if line.startswith("nv_inference_pending_request_count{") and label in line
+        )
 
     def log_tail(self, lines: int = 40) -> str:
         try:

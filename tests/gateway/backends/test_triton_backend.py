@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +24,6 @@ from inference.backends.onnx import OnnxBackend
 from inference.models.demo import IMAGE_MODEL, RANKING_MODEL, TEXT_MODEL
 from routing.types import Priority
 from tests.gateway.backends.pki import SERVER_NAME, make_pki
-from tests.gateway.conftest import SLOW_S
 
 pytestmark = pytest.mark.triton
 
@@ -50,6 +49,16 @@ def assert_some_overloaded(results: list[object]) -> None:
     assert all(isinstance(e, BackendError) and e.overloaded and e.status == "OVERLOADED" for e in errors), (
         errors
     )
+
+
+async def wait_queued(server: TritonServer, condition: Callable[[int], bool]) -> None:
+    """Poll (with a deadline) until the number of image-model calls Triton's scheduler holds meets
+    ``condition``. Full-size calls run one per execution of the one slow instance, so two calls sent
+    together leave one queued for a whole execution: then the instance is busy and calls sent next queue."""
+    deadline = time.monotonic() + 10.0
+    while not condition(held := await asyncio.to_thread(server.pending_requests, IMAGE_MODEL)):
+        assert time.monotonic() < deadline, f"Triton holds {held} image-model calls"
+        await asyncio.sleep(0.01)
 
 
 def inputs(model: str, rows: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -155,15 +164,16 @@ async def test_priority_reaches_triton(slow_triton: TritonServer) -> None:
         finished.append(label)
 
     try:
-        busy = asyncio.create_task(run("busy", Priority.INTERACTIVE))
-        await asyncio.sleep(SLOW_S / 4)
+        busy = [asyncio.create_task(run("busy", Priority.INTERACTIVE)) for _ in range(2)]
+        await wait_queued(slow_triton, lambda held: held == 1)
         batch = asyncio.create_task(run("batch", Priority.BATCH))
-        await asyncio.sleep(SLOW_S / 8)
+        # The batch call is queued before the realtime one is sent (a busy call may finish meanwhile).
+        await wait_queued(slow_triton, lambda held: held + len(finished) == 2)
         realtime = asyncio.create_task(run("realtime", Priority.REALTIME))
-        await asyncio.gather(busy, batch, realtime)
+        await asyncio.gather(*busy, batch, realtime)
     finally:
         await remote.aclose()
-    assert finished == ["busy", "realtime", "batch"]
+    assert finished.index("realtime") < finished.index("batch"), finished
 
 
 async def test_deadline_passing_in_triton_queue_is_deadline_exceeded_not_late(
@@ -173,18 +183,18 @@ async def test_deadline_passing_in_triton_queue_is_deadline_exceeded_not_late(
     remote = triton_backend(slow_triton.grpc_url)
     await remote.start()
     try:
-        busy = asyncio.create_task(remote.infer(call(IMAGE_MODEL, 32)))
-        await asyncio.sleep(SLOW_S / 4)
-        started = time.monotonic()
+        busy = [asyncio.create_task(remote.infer(call(IMAGE_MODEL, 32, seed=i))) for i in range(2)]
+        await wait_queued(slow_triton, lambda held: held == 1)
         with pytest.raises(BackendError) as caught:
             await remote.infer(call(IMAGE_MODEL, 1, timeout_s=0.1))
-        elapsed = time.monotonic() - started
-        await busy
+        answered_before_the_queue = not all(b.done() for b in busy)
+        await asyncio.gather(*busy)
     finally:
         await remote.aclose()
     assert caught.value.status == "DEADLINE_EXCEEDED"
     assert not caught.value.retryable
-    assert elapsed < SLOW_S  # answered at its deadline, not after the busy call and its own execution
+    # Queued behind a busy call, answered while that call still waits: at its deadline, not after it.
+    assert answered_before_the_queue
 
 
 async def test_triton_queue_policy_rejects_a_request_whose_own_timeout_passed(
@@ -199,11 +209,11 @@ async def test_triton_queue_policy_rejects_a_request_whose_own_timeout_passed(
         return [tensor]
 
     try:
-        busy = asyncio.create_task(client.infer(IMAGE_MODEL, pixels(32)))
-        await asyncio.sleep(SLOW_S / 4)
+        busy = [asyncio.create_task(client.infer(IMAGE_MODEL, pixels(32))) for _ in range(2)]
+        await wait_queued(slow_triton, lambda held: held == 1)
         with pytest.raises(InferenceServerException) as caught:
             await client.infer(IMAGE_MODEL, pixels(1), timeout=50_000)  # 50 ms, no client-side deadline
-        await busy
+        await asyncio.gather(*busy)
     finally:
         await client.close()
     mapped = TritonDialect().error(
