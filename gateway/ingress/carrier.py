@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
+import operator
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import structlog
 import zmq
@@ -34,14 +36,25 @@ _HANDSHAKE_FAILURES: dict[int, str] = {
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol",
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "auth",
 }
-_MONITORED = (
-    zmq.EVENT_ACCEPTED
-    | zmq.EVENT_DISCONNECTED
-    | zmq.EVENT_HANDSHAKE_SUCCEEDED
-    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+_CONNECTION_EVENTS: dict[int, str] = {
+    zmq.EVENT_ACCEPTED: "accepted",
+    zmq.EVENT_ACCEPT_FAILED: "accept_failed",
+    zmq.EVENT_HANDSHAKE_SUCCEEDED: "handshake_succeeded",
+    zmq.EVENT_DISCONNECTED: "disconnected",
+    **dict.fromkeys(_HANDSHAKE_FAILURES, "handshake_failed"),
+}
+CONNECTION_EVENTS: Final = (
+    "accepted",
+    "accept_failed",
+    "handshake_succeeded",
+    "handshake_failed",
+    "disconnected",
 )
+"""The ``event`` labels of ``hkgw_carrier_connections_total``. A connection goes accepted -> handshake
+succeeded or failed -> disconnected; accept_failed is one the ROUTER could not take (e.g. out of file
+descriptors). They are what the gateway can know of frames that never arrived: frames an agent drops from
+its own queue when it closes its socket never reach this side (docs/PROTOCOL.md section 2)."""
+_MONITORED = functools.reduce(operator.or_, _CONNECTION_EVENTS)
 
 
 class SendResult:
@@ -120,6 +133,10 @@ class CarrierIngress:
         self._reading = True
         self._tasks = [asyncio.create_task(self._monitor(monitor), name=f"monitor-{self.name}")]
         self._metrics.carrier_peers.labels(self.name).set(0)
+        for event in CONNECTION_EVENTS:  # every series exported from the start, zeros included
+            self._metrics.carrier_connections.labels(self.name, event)
+        for reason in _HANDSHAKE_FAILURES.values():
+            self._metrics.handshake_failures.labels(self.name, reason)
         log.info("carrier bound", carrier=self.name, endpoint=self.endpoint, curve=bool(self._security))
 
     async def close(self) -> None:
@@ -236,6 +253,9 @@ class CarrierIngress:
             while True:
                 event = parse_monitor_message(await monitor.recv_multipart())
                 kind = event["event"]
+                counted = _CONNECTION_EVENTS.get(kind)
+                if counted is not None:
+                    self._metrics.carrier_connections.labels(self.name, counted).inc()
                 if kind == zmq.EVENT_ACCEPTED:
                     self.peers += 1
                 elif kind == zmq.EVENT_DISCONNECTED:

@@ -143,6 +143,12 @@ class GatewayMetrics:
         self.carrier_peers = Gauge(
             f"{NS}_carrier_peers", "Agent connections per carrier", ["carrier"], registry=r
         )
+        self.carrier_connections = Counter(
+            f"{NS}_carrier_connections",
+            "Agent connection events on each carrier's ROUTER (socket monitor), by event",
+            ["carrier", "event"],
+            registry=r,
+        )
         self.handshake_failures = Counter(
             f"{NS}_handshake_failures",
             "ZMTP handshakes refused, by reason",
