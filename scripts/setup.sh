@@ -46,5 +46,13 @@ if [[ ! -f $stamp ]]; then
     touch "$stamp"
 fi
 
+# PyTorch for the torch backend's tests, which run its calls on the CPU. Pinned: this release's CPU wheel
+# lies on the machine (about 20 s to install); an open range would take a CUDA build of several GB.
+if ! .venv/bin/python -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("torch") is None)'; then
+    echo "setup: installing PyTorch (CPU) into .venv"
+    .venv/bin/python -m pip install -q torch==2.13.0 2>&1 | grep -v '^WARNING: Location' || true
+    .venv/bin/python -c 'import torch' # fail here, not in the tests
+fi
+
 # A real Triton Inference Server for the backend tests (CPU, python backend): scripts/install_tritonserver.sh.
 scripts/install_tritonserver.sh

@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from gateway.backends import builtin  # noqa: F401  (registers the built-in backend types)
+from gateway.testing import wait_for
 from inference.backends.base import (
     BackendError,
     BackendHealth,
@@ -127,12 +127,14 @@ async def test_periodic_rescan_serves_new_version(repository: Path) -> None:
     await backend.start()
     try:
         write_model_version(repository, "text-encoder", 2, seed=2)
-        deadline = time.monotonic() + 10.0
-        while (spec := backend.model("text-encoder")) is not None and spec.version != "2":
-            assert time.monotonic() < deadline, "version 2 not picked up"
-            await asyncio.sleep(0.01)
+        await wait_for(
+            lambda: (spec := backend.model("text-encoder")) is not None and spec.version == "2",
+            what="version 2 picked up",
+        )
+        _, _, result = await serve(backend, synthetic("text-encoder", 2))
     finally:
         await backend.aclose()
+    assert result.model_version == "2"
 
 
 async def test_failed_reload_keeps_serving(backend: OnnxBackend, repository: Path) -> None:
@@ -149,10 +151,7 @@ async def test_periodic_rescan_failure_is_counted(repository: Path) -> None:
     await backend.start()
     try:
         (repository / "rank-mlp" / "config.pbtxt").write_text("max_batch_size: {")
-        deadline = time.monotonic() + 10.0
-        while backend.rescan_failures == 0:
-            assert time.monotonic() < deadline, "rescan failure not counted"
-            await asyncio.sleep(0.01)
+        await wait_for(lambda: backend.rescan_failures > 0, what="rescan failure counted")
         assert backend.health() is BackendHealth.SERVING
     finally:
         await backend.aclose()
