@@ -9,7 +9,6 @@ only then are the sockets closed. ``aclose()`` is safe before ``start()`` and sa
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import time
 from collections.abc import Mapping
@@ -41,7 +40,7 @@ from gateway.ingress.auth import (
 from gateway.ingress.carrier import CarrierIngress
 from gateway.ops.health import CarrierProbe, CarrierState, HealthSnapshot, Hysteresis, raw_state
 from gateway.ops.http import HealthServer, read_admin_token
-from gateway.ops.metrics import GatewayMetrics
+from gateway.ops.metrics import CloseErrorReason, GatewayMetrics
 from gateway.ops.notify import SystemdNotifier
 from gateway.replies import ReplyRouter
 from inference.backends.base import Backend, HealthChecked, Rescanning, create
@@ -330,9 +329,7 @@ class Gateway:
         if self._closed:
             return
         self._closed = True
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._end_tasks()
         for pool in self.pools.values():
             await pool.stop(0)
         if self.http is not None:
@@ -341,9 +338,7 @@ class Gateway:
             await carrier.close()
         if self._auth is not None:
             self._auth.stop()
-        for backend in self.backends.values():
-            with contextlib.suppress(Exception):
-                await backend.aclose()
+        await self._close_backends()
         if self.cpu is not None:
             self.cpu.close()
         if self.capture is not None:
@@ -353,6 +348,25 @@ class Gateway:
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
+
+    async def _end_tasks(self) -> None:
+        """Cancel the background tasks; one that had died with an error is logged and counted."""
+        for task in self._tasks:
+            task.cancel()
+        ended = await asyncio.gather(*self._tasks, return_exceptions=True)
+        for task, result in zip(self._tasks, ended, strict=True):
+            if isinstance(result, Exception):  # not CancelledError (a BaseException): the task had died
+                log.error("background task had failed", task=task.get_name(), exc_info=result)
+                self.metrics.close_errors.labels(task.get_name(), CloseErrorReason.TASK_FAILED).inc()
+
+    async def _close_backends(self) -> None:
+        """Close every backend; one that fails to is logged and counted, and the rest still close."""
+        for name, backend in self.backends.items():
+            try:
+                await backend.aclose()
+            except Exception as exc:
+                log.error("backend close failed", backend=name, exc_info=exc)
+                self.metrics.close_errors.labels(name, CloseErrorReason.BACKEND_CLOSE_FAILED).inc()
 
     # ------------------------------------------------------------------ reload (SIGHUP)
 

@@ -6,6 +6,7 @@ enums; reasons from wire or routing enums. Agent ids, request ids and tenants ar
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
@@ -36,6 +37,13 @@ class _ReadCounters:
         for value, count in sorted(self._read().items()):
             family.add_metric([value], count)
         yield family
+
+
+class CloseErrorReason(enum.StrEnum):
+    """Why closing the gateway met an error: ``hkgw_close_errors_total``'s ``reason``."""
+
+    TASK_FAILED = "task_failed"  # a background task had ended with an exception before close
+    BACKEND_CLOSE_FAILED = "backend_close_failed"  # a backend's aclose raised
 
 
 class LabelGuard:
@@ -235,6 +243,13 @@ class GatewayMetrics:
         for reason in ("missing", "wrong"):
             self.admin_refused.labels(reason)
         self.capture_active = Gauge(f"{NS}_capture_active", "1 while traffic capture is on", registry=r)
+        self.close_errors = Counter(
+            f"{NS}_close_errors",
+            "Errors met while the gateway closed (logged, the rest still closed), by component (a background"
+            " task's or a backend's name) and reason (CloseErrorReason)",
+            ["component", "reason"],
+            registry=r,
+        )
 
     def read_counters(self, name: str, doc: str, label: str, read: Callable[[], Mapping[str, int]]) -> None:
         """Export ``hkgw_<name>_total{label}`` from ``read()`` (label value -> count) at each scrape: for
