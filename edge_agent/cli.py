@@ -135,36 +135,40 @@ def _run(args: argparse.Namespace) -> int:
 
 
 async def _serve(config: Any, args: argparse.Namespace) -> int:
+    """The agent's life (``EdgeAgent.serve``): until SIGTERM / SIGINT, or until the --synthetic run is
+    answered. SIGHUP reloads; a second SIGINT exits at once, skipping the drain."""
     from edge_agent.agent import EdgeAgent
     from edge_agent.drive import drive
     from service.runtime import freeze_startup_objects
 
     agent = EdgeAgent(config)
-    await agent.start()
+    stop = asyncio.Event()
+    await agent.start()  # serve() starts it too; started first, the start-up heap can be frozen
     freeze_startup_objects()  # full collections no longer scan the start-up heap (service/runtime.py)
-    try:
-        if args.synthetic:
+    if args.synthetic:
+        serving = asyncio.create_task(agent.serve(stop))
+        try:
             result = await drive(agent.intake_endpoint, config.region, args.synthetic, args.rate)
-            print(json.dumps(result.as_dict()) if args.json else result.render())
-            return 0 if result.lost == 0 else 1
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-
-        def on_interrupt() -> None:
-            if stop.is_set():  # a second Ctrl-C: skip the drain
-                os._exit(130)
+        finally:
             stop.set()
+            await serving
+        print(json.dumps(result.as_dict()) if args.json else result.render())
+        return 0 if result.lost == 0 else 1
 
-        loop.add_signal_handler(signal.SIGTERM, stop.set)
-        loop.add_signal_handler(signal.SIGINT, on_interrupt)
-        loop.add_signal_handler(signal.SIGHUP, agent.reload, args.config)
-        await stop.wait()
-        left = await agent.drain(timeout_s=10.0)
-        if left:
-            print(
-                f"edge-agent: stopped with {left} requests unanswered (spooled ones resend on start)",
-                file=sys.stderr,
-            )
-        return 0
-    finally:
-        await agent.aclose()
+    loop = asyncio.get_running_loop()
+
+    def on_interrupt() -> None:
+        if stop.is_set():  # a second Ctrl-C: skip the drain
+            os._exit(130)
+        stop.set()
+
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, on_interrupt)
+    loop.add_signal_handler(signal.SIGHUP, agent.reload, args.config)
+    left = await agent.serve(stop)
+    if left:
+        print(
+            f"edge-agent: stopped with {left} requests unanswered (spooled ones resend on start)",
+            file=sys.stderr,
+        )
+    return 0

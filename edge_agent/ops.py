@@ -1,28 +1,28 @@
 """The agent's own HTTP port: health for the local load balancer and Prometheus metrics.
 
 Metrics are read from the agent's state at scrape time (a custom collector), so the data path never
-touches them. Labels are bounded: carriers, statuses, reasons; never request ids.
+touches them. Labels are bounded: carriers, statuses, reasons; never request ids. This module sees the
+agent only through ``ObservedAgent`` (what it reads), so it does not import the agent that serves it.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, get_args
+from typing import Protocol, get_args
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from edge_agent.discovery import DiscoverySource, FailureReason
+from edge_agent.config import AgentConfig
+from edge_agent.discovery import DiscoverySource, FailureReason, GatewayDiscovery
+from edge_agent.errors import ErrorCounts
+from edge_agent.spool import Spool
+from edge_agent.stats import AgentStats
+from edge_agent.uplink import Uplink
 from edgewire import labels
-
-if TYPE_CHECKING:
-    from edge_agent.agent import AgentStats, EdgeAgent
-    from edge_agent.discovery import GatewayDiscovery
-    from edge_agent.spool import Spool
-    from edge_agent.uplink import Uplink
 
 NS = "edge"
 
@@ -51,15 +51,47 @@ def _known(table: Mapping[int, str]) -> list[str]:
     return [label for value, label in sorted(table.items()) if value] + ["other"]
 
 
+class ObservedAgent(Protocol):
+    """What the HTTP port reads from the agent (``EdgeAgent`` is one): its parts exist once started."""
+
+    @property
+    def config(self) -> AgentConfig: ...
+
+    @property
+    def stats(self) -> AgentStats: ...
+
+    @property
+    def errors(self) -> ErrorCounts: ...
+
+    @property
+    def uplink(self) -> Uplink | None: ...
+
+    @property
+    def discovery(self) -> GatewayDiscovery | None: ...
+
+    @property
+    def spool(self) -> Spool | None: ...
+
+    @property
+    def local(self) -> object | None:
+        """The local tier, when one is loaded (only its presence is read)."""
+
+
 class AgentCollector:
     """Exports an EdgeAgent's counters and gauges."""
 
-    def __init__(self, agent: EdgeAgent) -> None:
+    def __init__(self, agent: ObservedAgent) -> None:
         self._agent = agent
 
     def collect(self) -> Iterator[Metric]:
         agent = self._agent
         yield from self._intake(agent.stats)
+        yield _counters(
+            "errors",
+            "Unexpected errors caught, logged and survived, by where they were caught",
+            "reason",
+            [(str(reason), count) for reason, count in sorted(agent.errors.by_reason.items())],
+        )
         if agent.uplink is not None:
             yield from self._uplink(agent.uplink, agent.config.uplink.dead_after_s)
         if agent.discovery is not None:
@@ -96,6 +128,12 @@ class AgentCollector:
             "orphan_acks",
             "Acks not sent because the local caller was not reading (socket full)",
             stats.orphan_acks,
+        )
+        yield _counters(
+            "intake_bad_frames",
+            "Intake frames not taken (not decodable, or not a RequestBatch), by reason",
+            "reason",
+            [(reason, stats.bad_frames[reason]) for reason in _known(labels.REJECT)],
         )
 
     @staticmethod
@@ -139,6 +177,12 @@ class AgentCollector:
         )
         yield _counter(
             "gateway_reexecutions", "Accepted requests resent after a gateway restart", stats.re_executions
+        )
+        yield _counters(
+            "uplink_bad_frames",
+            "Frames from Hong Kong not decodable, by reason (dropped)",
+            "reason",
+            [(reason, stats.bad_frames[reason]) for reason in _known(labels.REJECT)],
         )
 
     @staticmethod
@@ -185,7 +229,7 @@ class AgentCollector:
 class AgentHttp:
     """``/healthz``, ``/readyz`` (a live carrier to Hong Kong, or a local tier) and ``/metrics``."""
 
-    def __init__(self, agent: EdgeAgent) -> None:
+    def __init__(self, agent: ObservedAgent) -> None:
         self._agent = agent
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(AgentCollector(agent))

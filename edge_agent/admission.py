@@ -1,0 +1,214 @@
+"""The intake's decision table: what becomes of each request of a frame (docs/AGENT.md section 4).
+
+In order: a reused id is refused; the routing policy's edge-device tier with a local model serves it
+here; a realtime request whose deadline cannot cover the round trip is served locally where a model
+exists, else failed fast; with the in-flight window full it is refused (retryable); a spooled class is
+appended to the spool (refused when the spool does not store it); the rest goes to Hong Kong. Under
+``fsync = "batch"`` the spooled requests and the frame's Ack wait for a group fsync that covers them.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import defaultdict
+from collections.abc import Coroutine
+from typing import Any
+
+import structlog
+
+from edge_agent.callers import Callers
+from edge_agent.config import AgentConfig
+from edge_agent.errors import ErrorCounts, ErrorReason
+from edge_agent.local_batcher import LocalBatcher, ModelKey
+from edge_agent.spool import GroupCommit, Spool
+from edge_agent.stats import AgentStats
+from edge_agent.uplink import Uplink
+from edgewire import is_valid_id, new_id, now_unix_us, pb
+from inference.profile import profile_of, wire_priority
+from routing.holder import PolicyHolder
+from routing.policy import TierPolicy
+from routing.types import Priority, Tier
+
+log = structlog.get_logger("edge_agent")
+
+RETRY_AFTER_MS = 200  # of an intake refusal: the window or the spool is full
+
+
+class Route(enum.Enum):
+    """Where a request goes once its id is known to be new."""
+
+    LOCAL = "local"
+    FAIL_FAST = "fail_fast"
+    HONG_KONG = "hong_kong"
+
+
+class Admission:
+    """Takes the requests of one intake frame: decides, spools, queues and sends them, and Acks the frame."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        policy: PolicyHolder,
+        uplink: Uplink,
+        spool: Spool,
+        commit: GroupCommit | None,
+        local: LocalBatcher | None,
+        callers: Callers,
+        stats: AgentStats,
+        errors: ErrorCounts,
+    ) -> None:
+        self._config = config
+        self._policy = policy
+        self._uplink = uplink
+        self._spool = spool
+        self._commit = commit
+        self._local = local
+        self._callers = callers
+        self._stats = stats
+        self._errors = errors
+        self.reserved = 0  # spooled requests counted against the in-flight window, not yet submitted
+
+    def take(self, caller: bytes, requests: list[pb.InferRequest]) -> Coroutine[Any, Any, None] | None:
+        """Decide, spool, queue and send what a frame holds; the Ack goes back now, or, when requests of
+        it wait for the spool's fsync, from the coroutine returned (the caller runs it)."""
+        ack = pb.Ack(acked_message_id=new_id())
+        local: defaultdict[ModelKey, list[pb.InferRequest]] = defaultdict(list)
+        direct: list[pb.InferRequest] = []  # to Hong Kong now
+        spooled: list[pb.InferRequest] = []  # to Hong Kong once the spool's fsync covers them
+        policy = self._policy.policy
+        wall = now_unix_us()
+        rtt = self._uplink.rtt_s()
+        for request in requests:
+            self._stats.received += 1
+            if not self._new_id(request, ack):
+                continue
+            route = self._route(request, policy, wall, rtt)
+            if route is Route.LOCAL:
+                local[(request.model_name, request.model_version)].append(request)
+            elif route is Route.FAIL_FAST:
+                self._callers.fail_fast(caller, request, "round_trip")
+            elif self._admit(request, ack, len(direct) + len(spooled)):
+                (spooled if self._spooled(request) else direct).append(request)
+                self._callers.wait_for(request.request_id, caller)
+        if local and self._local is not None:
+            self._local.add(caller, local)
+        self._accept(ack, direct)
+        if spooled and self._commit is not None:
+            # They wait for an fsync that covers them, holding their place in the in-flight window.
+            self.reserved += len(spooled)
+            return self._after_commit(caller, ack, spooled)
+        self._accept(ack, spooled)
+        self._callers.ack(caller, ack)
+        return None
+
+    def _new_id(self, request: pb.InferRequest, ack: pb.Ack) -> bool:
+        """Give a request without a valid id a new one; refuse one whose id is in use (False)."""
+        if not is_valid_id(request.request_id):
+            request.request_id = new_id()
+            return True
+        if request.request_id in self._callers or self._uplink.knows(request.request_id):
+            ack.nacks.append(
+                pb.Nack(
+                    request_id=request.request_id,
+                    reason=pb.NACK_REASON_INVALID_REQUEST,
+                    detail="request id already used: every request needs a new id",
+                )
+            )
+            return False
+        return True
+
+    def _route(self, request: pb.InferRequest, policy: TierPolicy, wall: int, rtt: float | None) -> Route:
+        """The routing policy's tier, then the realtime rule: the round trip to Hong Kong plus the
+        estimated service time must fit the deadline."""
+        if not request.deadline_unix_us:
+            # Nothing waits forever: a request without a deadline gets the configured default.
+            request.deadline_unix_us = wall + int(self._config.default_deadline_s * 1e6)
+        priority = wire_priority(request.priority)
+        remaining = (request.deadline_unix_us - wall) / 1e6
+        profile = profile_of(request, priority, remaining, self._config.region)
+        decision = policy.tier_for(profile)
+        can_local = self._local is not None and self._local.serves(request.model_name, request.model_version)
+        if decision.tier is Tier.EDGE_DEVICE and can_local:
+            return Route.LOCAL
+        if priority is Priority.REALTIME:
+            service = policy.estimator.service_time(profile, decision.score, decision.size_bucket)
+            needed = (rtt if rtt is not None else float("inf")) + service
+            if needed > remaining:
+                return Route.LOCAL if can_local else Route.FAIL_FAST
+        return Route.HONG_KONG
+
+    def _spooled(self, request: pb.InferRequest) -> bool:
+        return wire_priority(request.priority).value in self._config.spool.classes
+
+    def _admit(self, request: pb.InferRequest, ack: pb.Ack, taken: int) -> bool:
+        """Room in the in-flight window (``taken`` of this frame already counted), and in the spool for a
+        spooled class; False when refused (the Ack says why)."""
+        if not self._uplink.has_room(self.reserved + taken + 1):
+            self._refuse(ack, request, "agent in-flight window full")
+            return False
+        if not self._spooled(request):
+            return True
+        try:
+            result = str(
+                self._spool.append(
+                    request.request_id, request.SerializeToString(), request.deadline_unix_us / 1e6
+                )
+            )
+        except OSError as exc:  # a full or failing disk: refuse (retryable), keep serving
+            self._errors.count(ErrorReason.SPOOL_WRITE)
+            log.error("spool write failed", error=str(exc))
+            result = "write_failed"
+        if result != "stored":
+            self._refuse(ack, request, f"spool full ({result})")
+            return False
+        return True
+
+    async def _after_commit(self, caller: bytes, ack: pb.Ack, spooled: list[pb.InferRequest]) -> None:
+        """The rest of a frame whose spooled requests wait for an fsync: send them and the Ack after it."""
+        assert self._commit is not None
+        reserved = len(spooled)
+        try:
+            try:
+                await self._commit.commit()
+            except OSError as exc:
+                self._take_back(ack, spooled, exc)
+            else:
+                self._accept(ack, spooled)
+            finally:
+                self.reserved -= reserved
+            self._callers.ack(caller, ack)
+        except Exception:  # a bug here must not go unseen: the task is not awaited by anyone
+            self._errors.count(ErrorReason.AFTER_COMMIT)
+            log.exception("taking a batch from a local service failed", requests=len(spooled))
+
+    def _accept(self, ack: pb.Ack, requests: list[pb.InferRequest]) -> None:
+        """Hand requests to the uplink and list them as accepted in the caller's Ack."""
+        if requests:
+            self._uplink.submit(requests)
+            self._stats.remote += len(requests)
+            ack.accepted_ids.extend(r.request_id for r in requests)
+
+    def _take_back(self, ack: pb.Ack, spooled: list[pb.InferRequest], exc: OSError) -> None:
+        """The spool could not make ``spooled`` durable: refuse them (retryable) rather than acknowledge
+        what a power loss could lose, and tombstone them so a restart does not resend them."""
+        self._errors.count(ErrorReason.SPOOL_FSYNC)
+        log.error("spool fsync failed; refusing the frame's spooled requests", error=str(exc))
+        try:
+            self._spool.ack([r.request_id for r in spooled])
+        except OSError as again:  # the disk is failing: a restart may resend them, nobody waits for those
+            self._errors.count(ErrorReason.SPOOL_ACK)
+            log.error("spool tombstones failed", error=str(again))
+        for request in spooled:
+            self._callers.give_up(request.request_id)
+            self._refuse(ack, request, "spool fsync failed")
+
+    def _refuse(self, ack: pb.Ack, request: pb.InferRequest, detail: str) -> None:
+        self._stats.refused += 1
+        ack.nacks.append(
+            pb.Nack(
+                request_id=request.request_id,
+                reason=pb.NACK_REASON_OVERLOADED,
+                retry_after_ms=RETRY_AFTER_MS,
+                detail=detail,
+            )
+        )

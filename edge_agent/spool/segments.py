@@ -1,0 +1,224 @@
+"""The spool's directory: its lock, its segment files, appends to the active one, and their durability.
+
+Directory layout (directory 0700, files 0600)::
+
+    <directory>/spool.lock               flock held while a Spool is open (one writer per directory)
+    <directory>/0000000000000001.wal     segments, 16-digit sequence, appended in order
+    <directory>/0000000000000002.wal     ...
+
+Any other file in the directory is ignored (and counted by the spool). Writes go to the active segment,
+created on first use; rolling seals it (fsynced unless the policy is ``never``) and the next write starts
+the following one.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final, Literal
+
+FsyncPolicy = Literal["always", "batch", "never"]
+
+LOCK_NAME: Final = "spool.lock"
+SEGMENT_SUFFIX: Final = ".wal"
+_SEGMENT_NAME: Final = re.compile(r"(\d{16})" + re.escape(SEGMENT_SUFFIX))
+
+
+class SpoolBusyError(OSError):
+    """Another open Spool (this process or another) holds the directory's lock."""
+
+
+@dataclass(slots=True)
+class Segment:
+    """One segment file, and what the spool keeps per file to know when it may be deleted."""
+
+    seq: int
+    path: Path
+    size: int = 0
+    live: int = 0  # live PUTs in this file
+    refs: set[int] = field(default_factory=set)  # older segments holding PUTs this file's DELs killed
+    fd: int | None = None  # open for appending only while it is the active segment
+
+
+def _nothing() -> None:
+    """A sync with nothing to do."""
+
+
+class SegmentFiles:
+    """The segment files of one locked spool directory, in ascending sequence order.
+
+    ``disk_bytes`` is the size of them all (what the spool's cap bounds). Raises ``SpoolBusyError`` when
+    another Spool holds the directory, ``OSError`` when the directory is unusable.
+    """
+
+    def __init__(self, directory: Path, fsync: FsyncPolicy) -> None:
+        self.directory = directory
+        self._fsync: FsyncPolicy = fsync
+        self.segments: dict[int, Segment] = {}
+        self.active_seq = 1
+        self.disk_bytes = 0
+        self._dir_dirty = False
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        directory.chmod(0o700)
+        self._lock_fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            os.close(self._lock_fd)
+            raise SpoolBusyError(f"spool directory {directory} is in use by another Spool") from exc
+
+    def found(self) -> tuple[list[int], int]:
+        """Sequence numbers of the segment files in the directory (ascending), and how many other files
+        it holds (never read or deleted)."""
+        seqs: list[int] = []
+        ignored = 0
+        with os.scandir(self.directory) as entries:
+            for dirent in entries:
+                if dirent.name == LOCK_NAME:
+                    continue
+                match = _SEGMENT_NAME.fullmatch(dirent.name)
+                if match and dirent.is_file(follow_symlinks=False):
+                    seqs.append(int(match[1]))
+                else:
+                    ignored += 1
+        return sorted(seqs), ignored
+
+    def path(self, seq: int) -> Path:
+        return self.directory / f"{seq:016d}{SEGMENT_SUFFIX}"
+
+    def adopt(self, seq: int, size: int) -> Segment:
+        """Take an existing file of ``size`` bytes (recovery; it is never appended to again)."""
+        segment = self.segments[seq] = Segment(seq, self.path(seq), size)
+        self.disk_bytes += size
+        return segment
+
+    def open_after(self, seq: int) -> None:
+        """New writes go to a fresh segment after ``seq``."""
+        self.active_seq = seq + 1
+
+    @property
+    def active(self) -> Segment | None:
+        return self.segments.get(self.active_seq)
+
+    @property
+    def oldest(self) -> Segment:
+        return next(iter(self.segments.values()))
+
+    def roll_if_needed(self, size: int, segment_bytes: int) -> None:
+        active = self.active
+        if active is not None and active.size > 0 and active.size + size > segment_bytes:
+            self.roll()
+
+    def roll(self) -> None:
+        """Seal the active segment; the next write creates the following one."""
+        active = self.active
+        if active is None or active.size == 0:
+            return
+        if active.fd is not None:
+            if self._fsync != "never":
+                os.fsync(active.fd)
+            os.close(active.fd)
+            active.fd = None
+        self.active_seq += 1
+
+    def write(self, data: bytes) -> tuple[int, int]:
+        """Append ``data`` to the active segment (created on first use); returns (sequence, offset)."""
+        segment = self.active
+        if segment is None:
+            segment = self._create(self.active_seq)
+        assert segment.fd is not None  # the active segment is open for as long as it is active
+        offset = segment.size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(segment.fd, view) :]
+            if self._fsync == "always":
+                os.fsync(segment.fd)
+                if self._dir_dirty:
+                    self._fsync_directory()
+        except OSError:
+            # A partial record may be on disk: account for it and seal the file, so the next append
+            # starts a clean segment and recovery counts the tail as torn.
+            written = os.fstat(segment.fd).st_size - offset
+            segment.size += written
+            self.disk_bytes += written
+            self.roll()
+            raise
+        segment.size += len(data)
+        self.disk_bytes += len(data)
+        return segment.seq, offset
+
+    def _create(self, seq: int) -> Segment:
+        path = self.path(seq)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC
+        fd = os.open(path, flags, 0o600)
+        os.fchmod(fd, 0o600)  # whatever the umask: requests may carry personal data
+        segment = self.segments[seq] = Segment(seq, path, fd=fd)
+        self._dir_dirty = True
+        return segment
+
+    def delete(self, segment: Segment) -> None:
+        if segment.fd is not None:
+            os.close(segment.fd)
+            segment.fd = None
+        segment.path.unlink()
+        del self.segments[segment.seq]
+        self.disk_bytes -= segment.size
+        if self._fsync != "never":
+            # Tombstones in a later segment may be deleted next; this deletion must land on disk first.
+            self._fsync_directory()
+
+    def sync(self) -> None:
+        """Make everything written so far durable (fsync of the active segment and the directory)."""
+        active = self.active
+        if active is not None and active.fd is not None:
+            os.fsync(active.fd)
+        if self._dir_dirty:
+            self._fsync_directory()
+
+    def begin_sync(self) -> Callable[[], None]:
+        """``sync`` split in two so the disk wait can leave the event loop (see ``Spool.begin_sync``)."""
+        if self._dir_dirty:
+            self._fsync_directory()
+        active = self.active
+        if active is None or active.fd is None:
+            return _nothing
+        fd = os.dup(active.fd)
+
+        def run() -> None:
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+        return run
+
+    def close(self) -> None:
+        """Flush per the fsync policy and release the directory's lock."""
+        try:
+            active = self.active
+            if active is not None and active.fd is not None:
+                if self._fsync != "never":
+                    os.fsync(active.fd)
+                os.close(active.fd)
+                active.fd = None
+            if self._dir_dirty and self._fsync != "never":
+                self._fsync_directory()
+        finally:
+            os.close(self._lock_fd)
+
+    def release(self) -> None:
+        """Let go of the lock without flushing (an open that failed)."""
+        os.close(self._lock_fd)
+
+    def _fsync_directory(self) -> None:
+        fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._dir_dirty = False

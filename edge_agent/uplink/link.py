@@ -1,0 +1,500 @@
+"""``Uplink``: sends requests to the gateway over the best live carrier and routes the answers back."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import structlog
+import zmq.asyncio
+
+from edge_agent.config import AgentConfig
+from edge_agent.errors import ErrorCounts, ErrorReason
+from edge_agent.sockets import send_nowait
+from edge_agent.uplink.carriers import Carrier, best_carrier, open_carrier
+from edge_agent.uplink.dictionaries import DictionaryNegotiation
+from edge_agent.uplink.outstanding import OutstandingTable, SentFrame
+from edge_agent.uplink.refusals import (
+    FINAL_NACK_STATUS,
+    RETRYABLE_NACKS,
+    RejectAction,
+    nack_resend_reason,
+    reject_action,
+)
+from edge_agent.uplink.send_queue import SendQueue
+from edgewire import FrameCodec, FrameError, labels, new_id, now_unix_us, pb
+
+log = structlog.get_logger("edge_agent.uplink")
+
+OnResponse = Callable[[pb.InferResponse], None]
+OnAccepted = Callable[[list[bytes]], None]
+MIN_TIMER_WAIT_S = 0.001
+
+
+@dataclass
+class UplinkStats:
+    """The uplink's counters, read by the agent's metrics."""
+
+    sent_frames: int = 0
+    sent_uncompressed: int = 0  # of those, sent without zstd (it would have saved too little)
+    sent_requests: int = 0
+    resent: Counter[str] = field(default_factory=Counter)  # reason -> requests resent
+    duplicate_responses: int = 0
+    re_executions: int = 0
+    frames_rejected: Counter[str] = field(
+        default_factory=Counter
+    )  # whole frames the gateway refused, by reason
+    nacks: Counter[str] = field(default_factory=Counter)  # requests the gateway refused, by reason
+    bad_frames: Counter[str] = field(default_factory=Counter)  # frames from Hong Kong not decoded, by reason
+
+
+class Uplink:
+    """Sends requests to the gateway over the best live carrier and routes the answers back.
+
+    Every request taken stays outstanding until ``on_response`` has been called with its answer (from Hong
+    Kong, or made here: deadline passed, refused for good); ``on_accepted`` hears which ids the gateway
+    accepted. See the package docstring for when requests are sent again.
+    """
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        codec: FrameCodec,
+        context: zmq.asyncio.Context,
+        on_response: OnResponse,
+        on_accepted: OnAccepted,
+        curve: tuple[bytes, bytes, bytes] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        errors: ErrorCounts | None = None,
+    ) -> None:
+        self._config = config
+        self._up = config.uplink
+        self._codec = codec
+        self._ctx = context
+        self._on_response = on_response
+        self._on_accepted = on_accepted
+        self._curve = curve
+        self._clock = clock
+        self.errors = errors or ErrorCounts()
+        self.carriers: dict[str, Carrier] = {}
+        self.outstanding = OutstandingTable(answered_window=4 * self._up.max_inflight)
+        self._queue = SendQueue()
+        self._wake = asyncio.Event()  # the sender: something to send, or a carrier came up
+        self._timers_changed = asyncio.Event()  # the watchdog: a timer earlier than it sleeps until
+        self._watch_until = 0.0
+        self._tasks: list[asyncio.Task[None]] = []
+        # Records per frame: the config's bound, lowered by the gateway's Pong limits and halved after a
+        # frame_too_large refusal, so an oversized batch is split instead of resent unchanged.
+        self.max_records = config.batching.max_records
+        self.max_frame_bytes = 0  # from the gateway's Pong; 0 = not known yet
+        self.dictionaries = DictionaryNegotiation(codec.dictionaries, clock)
+        self.stats = UplinkStats()
+
+    @property
+    def dict_id(self) -> int:
+        """The dictionary new frames use: one the gateway advertised in its last Pong (0 = none)."""
+        return self.dictionaries.dict_id
+
+    # ------------------------------------------------------------------ carriers
+
+    def set_endpoints(self, endpoints: Sequence[tuple[str, str]]) -> None:
+        """Connect to each (name, endpoint); close carriers no longer listed and resend what they held."""
+        wanted = dict(endpoints)
+        for name in [n for n, c in self.carriers.items() if wanted.get(n) != c.endpoint]:
+            self._drop_carrier(name, "endpoint_removed")
+        for name, endpoint in wanted.items():
+            if name not in self.carriers:
+                carrier = open_carrier(self._ctx, name, endpoint, self._up, self._curve)
+                carrier.task = asyncio.create_task(self._receive(carrier), name=f"uplink-{name}")
+                self.carriers[name] = carrier
+
+    def _drop_carrier(self, name: str, reason: str) -> None:
+        carrier = self.carriers.pop(name)
+        if carrier.task is not None:
+            carrier.task.cancel()
+        carrier.sock.close(0)
+        self._resend_unacked_on(name, reason)
+        self._resend_stranded()
+
+    def best(self) -> Carrier | None:
+        """The live carrier with the lowest RTT (ties: name), or None."""
+        return best_carrier(self.carriers.values(), self._clock(), self._up.dead_after_s)
+
+    def rtt_s(self) -> float | None:
+        best = self.best()
+        return None if best is None else best.rtt_s
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._sender(), name="uplink-sender"),
+            asyncio.create_task(self._pinger(), name="uplink-pinger"),
+            asyncio.create_task(self._watchdog(), name="uplink-watchdog"),
+        ]
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        for name in list(self.carriers):
+            carrier = self.carriers.pop(name)
+            if carrier.task is not None:
+                carrier.task.cancel()
+                await asyncio.gather(carrier.task, return_exceptions=True)
+            carrier.sock.close(0)
+
+    # ------------------------------------------------------------------ sending
+
+    @property
+    def inflight(self) -> int:
+        return len(self.outstanding)
+
+    def knows(self, request_id: bytes) -> bool:
+        """True while the id is outstanding or was answered recently (a reused id)."""
+        return self.outstanding.knows(request_id)
+
+    def has_room(self, n: int = 1) -> bool:
+        return len(self.outstanding) + n <= self._up.max_inflight
+
+    def submit(self, requests: Iterable[pb.InferRequest]) -> None:
+        """Take requests for Hong Kong; they are outstanding until answered or expired."""
+        earliest: float | None = None
+        for request in requests:
+            if self.outstanding.add(request):
+                self._queue.push([request.request_id])
+                if request.deadline_unix_us and (earliest is None or request.deadline_unix_us < earliest):
+                    earliest = request.deadline_unix_us
+        if earliest is not None:
+            self._timer_set(self._clock() + (earliest - now_unix_us()) / 1e6)
+        self._wake.set()
+
+    async def _sender(self) -> None:
+        linger = self._config.batching.linger_ms / 1000
+        while True:
+            if not self._queue:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            if len(self._queue) < self.max_records and linger:
+                await asyncio.sleep(linger)  # linger: let the batch fill for at most linger_ms
+            carrier = self.best()
+            wait_s: float | None = self._up.ping_interval_s
+            if carrier is not None:
+                try:
+                    wait_s = self._send_some(carrier)
+                except Exception:  # never let one bad batch end the sender
+                    self.errors.count(ErrorReason.UPLINK_SEND)
+                    log.exception("sending a batch failed", carrier=carrier.name, queued=len(self._queue))
+            if wait_s is None:
+                await asyncio.sleep(0)  # sent something: yield, then go on with the queue
+                continue
+            # Nothing could go out (no live carrier, a full send buffer, or everything waiting out a
+            # retry-after): wait for news or for the earliest retry, never spin.
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=max(0.001, wait_s))
+
+    def _send_some(self, carrier: Carrier) -> float | None:
+        """Send one frame; None when it went out, else how long to wait before trying again."""
+        now = self._clock()
+        chosen = self._queue.take(
+            self.outstanding,
+            now,
+            now_unix_us(),
+            self.max_records,
+            self._config.batching.max_bytes,
+            self._up.ping_interval_s,
+        )
+        for rid in chosen.expired:
+            self._expire(rid)
+        batch = chosen.requests
+        if not batch:
+            return chosen.wait_s
+        message_id = new_id()
+        attempt = max(self._attempts(r.request_id) for r in batch)
+        deadline = min((r.deadline_unix_us for r in batch if r.deadline_unix_us), default=0)
+        priority = min(r.priority or pb.PRIORITY_CLASS_INTERACTIVE for r in batch)
+        raw_before = self._codec.sent_raw
+        frames = self._codec.encode(
+            pb.RequestBatch(requests=batch),
+            agent_id=self._config.name,
+            region=self._config.region,
+            priority=priority,
+            deadline_unix_us=deadline,
+            message_id=message_id,
+            attempt=attempt,
+            dict_id=self.dict_id,
+            frame_limit=self.max_frame_bytes,  # the gateway's, from its Pong (0 = not known yet)
+        )
+        ids = [r.request_id for r in batch]
+        if self.max_frame_bytes and len(frames[1]) > self.max_frame_bytes:
+            # Over the gateway's limit: the gateway (or libzmq, far over it) would refuse it. Split.
+            if len(batch) == 1:
+                self._fail_ids(
+                    ids, pb.STATUS_INVALID_ARGUMENT, "request larger than the gateway's frame limit"
+                )
+            else:
+                self.max_records = max(1, len(batch) // 2)
+                self._queue.push_front(ids)
+            return None
+        if not send_nowait(carrier.sock, frames):  # HWM reached or not connected: try again later
+            self._queue.push_front(ids)
+            return min(0.05, self._up.ping_interval_s)
+        self.outstanding.sent(SentFrame(message_id, carrier.name, ids, now), self._up.ack_timeout_s)
+        self._timer_set(now + self._up.ack_timeout_s)
+        self.stats.sent_frames += 1
+        self.stats.sent_requests += len(ids)
+        if self._codec.sent_raw != raw_before:  # zstd would not have saved zstd_min_saving
+            self.stats.sent_uncompressed += 1
+        return None
+
+    def _attempts(self, request_id: bytes) -> int:
+        entry = self.outstanding.get(request_id)
+        return 0 if entry is None else entry.attempts
+
+    def _resend(self, ids: Iterable[bytes], reason: str, not_before: float = 0.0) -> None:
+        again: list[bytes] = []
+        for rid in ids:
+            entry = self.outstanding.get(rid)
+            if entry is None:
+                continue
+            entry.attempts += 1
+            entry.not_before = not_before
+            entry.frame = b""
+            again.append(rid)
+        if again:
+            self._queue.push(again)
+            self.stats.resent[reason] += len(again)
+            self._wake.set()
+
+    def _resend_unacked_on(self, carrier: str, reason: str) -> None:
+        """A carrier died or was removed: its frames not acknowledged yet go out again elsewhere."""
+        unacked = [rid for frame in self.outstanding.frames_on(carrier) for rid in frame.ids]
+        self._resend(self.outstanding.unaccepted(unacked), reason)
+
+    def _resend_stranded(self) -> None:
+        """Accepted requests whose carrier is dead or gone are resent on a live carrier of the gateway that
+        accepted them (same epoch): their answers may have been lost with the carrier. That gateway's
+        dedupe window acknowledges each as a duplicate and, if it has answered already, sends the answer
+        again from its response cache, on the carrier the agent now speaks on. A request accepted by a
+        gateway no carrier reaches waits: for that gateway, or for ``_gateway_restarted``."""
+        live = {c.name: c.epoch for c in self.carriers.values() if c.up}
+        if not live:
+            return
+        epochs = set(live.values())
+        stranded = self.outstanding.accepted_by(epochs=epochs, not_on=set(live))
+        for rid in stranded:
+            entry = self.outstanding.get(rid)
+            if entry is not None:
+                entry.accepted = False
+        self._resend(stranded, "carrier_down")
+
+    def _expire(self, rid: bytes) -> None:
+        entry = self.outstanding.close(rid)
+        if entry is not None:
+            self._on_response(
+                pb.InferResponse(
+                    request_id=rid,
+                    status=pb.STATUS_DEADLINE_EXCEEDED,
+                    error_message="deadline passed before an answer from Hong Kong",
+                    model_name=entry.request.model_name,
+                )
+            )
+
+    def _answer(self, response: pb.InferResponse) -> None:
+        """An answer made here (a final refusal): the request is no longer outstanding."""
+        if self.outstanding.close(response.request_id) is not None:
+            self._on_response(response)
+
+    def _fail_ids(self, ids: Iterable[bytes], status: pb.Status.ValueType, message: str) -> None:
+        for rid in ids:
+            self._answer(pb.InferResponse(request_id=rid, status=status, error_message=message))
+
+    # ------------------------------------------------------------------ receiving
+
+    async def _receive(self, carrier: Carrier) -> None:
+        while True:
+            frames = await carrier.sock.recv_multipart()
+            try:
+                decoded = self._codec.decode(frames)
+            except FrameError as exc:
+                self.stats.bad_frames[exc.label] += 1
+                log.warning("bad frame from gateway", carrier=carrier.name, reason=exc.label)
+                continue
+            try:
+                self._dispatch(carrier, decoded.payload)
+            except Exception:  # a failing callback (e.g. the spool's disk) must not end this carrier's loop
+                self.errors.count(ErrorReason.GATEWAY_FRAME)
+                log.exception(
+                    "handling a frame from the gateway failed",
+                    carrier=carrier.name,
+                    message=type(decoded.payload).__name__,
+                )
+
+    def _dispatch(self, carrier: Carrier, payload: object) -> None:
+        if isinstance(payload, pb.Ack):
+            self._on_ack(carrier, payload)
+        elif isinstance(payload, pb.ResponseBatch):
+            for response in payload.responses:
+                self._on_gateway_response(response)
+        elif isinstance(payload, pb.Pong):
+            self._on_pong(carrier, payload)
+        elif isinstance(payload, pb.DictionaryResponse):
+            self.dictionaries.on_dictionary(payload)
+
+    def _on_ack(self, carrier: Carrier, ack: pb.Ack) -> None:
+        frame = self.outstanding.acked(ack.acked_message_id)
+        if ack.frame_reject:
+            self._on_frame_rejected(ack, frame.ids if frame else [])
+            return
+        accepted = [*ack.accepted_ids, *ack.duplicate_ids]
+        for rid in accepted:
+            entry = self.outstanding.get(rid)
+            if entry is not None:
+                entry.accepted = True
+                entry.epoch = carrier.epoch
+        if accepted:
+            self._on_accepted(list(accepted))
+        now = self._clock()
+        for nack in ack.nacks:
+            self.stats.nacks[labels.NACK.get(nack.reason, "other") if nack.reason else "other"] += 1
+            if nack.reason in RETRYABLE_NACKS:
+                self._resend(
+                    [nack.request_id],
+                    nack_resend_reason(nack.reason),
+                    not_before=now + nack.retry_after_ms / 1000,
+                )
+            else:
+                self._answer(
+                    pb.InferResponse(
+                        request_id=nack.request_id,
+                        status=FINAL_NACK_STATUS.get(nack.reason, pb.STATUS_INTERNAL),
+                        error_message=nack.detail,
+                    )
+                )
+
+    def _on_frame_rejected(self, ack: pb.Ack, ids: list[bytes]) -> None:
+        self.stats.frames_rejected[labels.REJECT.get(ack.frame_reject, "other")] += 1
+        action = reject_action(ack.frame_reject)
+        if action is RejectAction.RESEND:
+            self.dictionaries.refused()  # resend without one; the next Pong says what the gateway decodes
+            self._resend(ids, "frame_rejected")
+        elif action is RejectAction.SPLIT and len(ids) != 1:
+            self.max_records = max(1, min(self.max_records, len(ids)) // 2)
+            self._resend(ids, "frame_rejected")
+        elif action is RejectAction.SPLIT:  # one request alone over the gateway's limits can never pass
+            self._fail_ids(
+                ids, pb.STATUS_INVALID_ARGUMENT, f"too large for the gateway: {ack.frame_reject_detail}"
+            )
+        else:
+            self._fail_ids(ids, pb.STATUS_INTERNAL, f"gateway refused the frame: {ack.frame_reject_detail}")
+
+    def _on_gateway_response(self, response: pb.InferResponse) -> None:
+        entry = self.outstanding.get(response.request_id)
+        if entry is None:
+            self.stats.duplicate_responses += 1
+            return
+        if response.status in (pb.STATUS_OVERLOADED, pb.STATUS_UNAVAILABLE):
+            retry_at = self._clock() + response.retry_after_ms / 1000
+            entry.accepted = False
+            self._resend([response.request_id], "retryable_status", not_before=retry_at)
+            return
+        self.outstanding.close(response.request_id)
+        self._on_response(response)
+
+    def _on_pong(self, carrier: Carrier, pong: pb.Pong) -> None:
+        now = self._clock()
+        carrier.pong(now, max(0.0, (now_unix_us() - pong.ping_sent_at_unix_us) / 1e6), pong.draining)
+        if carrier.epoch and pong.gateway_epoch != carrier.epoch:
+            self._gateway_restarted(carrier.epoch)
+        carrier.epoch = pong.gateway_epoch
+        # Each Pong resets the records bound (a split after an oversized frame is temporary).
+        self.max_records = min(self._config.batching.max_records, pong.limits.max_records or 1 << 30)
+        self.max_frame_bytes = pong.limits.max_frame_bytes
+        self.dictionaries.on_pong(pong, lambda request: self._send_control(carrier, request))
+        self._check_carrier(carrier, now)
+        if carrier.up:
+            self._timer_set(carrier.dies_at(self._up.dead_after_s))
+        self._wake.set()
+
+    def _send_control(self, carrier: Carrier, message: pb.DictionaryRequest | pb.Ping) -> bool:
+        frames = self._codec.encode(message, agent_id=self._config.name, region=self._config.region)
+        return send_nowait(carrier.sock, frames)
+
+    def _gateway_restarted(self, old_epoch: int) -> None:
+        """The gateway lost its in-memory work: resend what it had accepted and not answered."""
+        lost = self.outstanding.accepted_by(epochs={old_epoch})
+        for rid in lost:
+            entry = self.outstanding.get(rid)
+            if entry is not None:
+                entry.accepted = False
+        self.stats.re_executions += len(lost)
+        log.warning("gateway restarted; resending accepted work", requests=len(lost))
+        self._resend(lost, "gateway_restarted")
+
+    # ------------------------------------------------------------------ timers
+
+    async def _pinger(self) -> None:
+        nonce = 0
+        while True:
+            for carrier in list(self.carriers.values()):
+                nonce += 1
+                # dropped while the carrier is not connected
+                self._send_control(carrier, pb.Ping(nonce=nonce, dict_ids=self._codec.dictionaries.ids()))
+            await asyncio.sleep(self._up.ping_interval_s)
+
+    def _timer_set(self, at: float) -> None:
+        """A timer at monotonic ``at``: wake the watchdog if it sleeps past it."""
+        if at < self._watch_until:
+            self._timers_changed.set()
+
+    async def _watchdog(self) -> None:
+        """Sleeps until the next timer is due (an Ack overdue, a carrier silent too long, a deadline)."""
+        while True:
+            now = self._clock()
+            try:
+                self._check_timers(now, now_unix_us())
+            except Exception:  # never let a callback error end the watchdog
+                self.errors.count(ErrorReason.UPLINK_TIMERS)
+                log.exception("uplink watchdog failed")
+            wait_s = max(MIN_TIMER_WAIT_S, self._next_timer(now, now_unix_us()) - now)
+            self._watch_until = now + wait_s
+            self._timers_changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._timers_changed.wait(), timeout=wait_s)
+
+    def _next_timer(self, now: float, wall_us: int) -> float:
+        """The monotonic time of the earliest timer held (or a ping interval from now, with none)."""
+        due = [now + self._up.ping_interval_s]
+        ack = self.outstanding.next_ack_due()
+        if ack is not None:
+            due.append(ack)
+        expiry = self.outstanding.next_expiry_us()
+        if expiry is not None:
+            due.append(now + (expiry - wall_us) / 1e6)
+        due.extend(c.dies_at(self._up.dead_after_s) for c in self.carriers.values() if c.up)
+        return min(due)
+
+    def _check_timers(self, now: float, wall_us: int) -> None:
+        for carrier in list(self.carriers.values()):
+            self._check_carrier(carrier, now)
+        for frame in self.outstanding.overdue_frames(now):
+            self._resend(self.outstanding.unaccepted(frame.ids), "ack_timeout")
+        for rid in self.outstanding.expired(wall_us):
+            self._expire(rid)
+
+    def _check_carrier(self, carrier: Carrier, now: float) -> None:
+        """When a carrier goes from live to dead (silent or draining) or back: resend what it held."""
+        alive = carrier.alive(now, self._up.dead_after_s)
+        if alive == carrier.up:
+            return
+        carrier.up = alive
+        if not alive:
+            self._resend_unacked_on(carrier.name, "carrier_down")
+        self._resend_stranded()
