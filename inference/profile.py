@@ -6,7 +6,7 @@ from edgewire import pb
 from inference.pipeline.textsize import estimated_tokens
 from routing.types import Priority, RequestKind, RequestProfile
 
-_PRIORITY = {
+_PRIORITY: dict[int, Priority] = {
     pb.PRIORITY_CLASS_UNSPECIFIED: Priority.INTERACTIVE,
     pb.PRIORITY_CLASS_REALTIME: Priority.REALTIME,
     pb.PRIORITY_CLASS_INTERACTIVE: Priority.INTERACTIVE,
@@ -22,7 +22,7 @@ _KIND = {
 
 def wire_priority(value: int) -> Priority:
     """The routing priority of a wire class; unknown and UNSPECIFIED values are INTERACTIVE."""
-    return _PRIORITY.get(value, Priority.INTERACTIVE)  # type: ignore[call-overload,no-any-return]
+    return _PRIORITY.get(value, Priority.INTERACTIVE)
 
 
 def request_kind(request: pb.InferRequest) -> RequestKind:

@@ -62,7 +62,7 @@ def test_frames_refused_alert_leaves_out_exactly_what_the_agent_resends() -> Non
 def test_committed_dashboard_is_what_the_generator_writes() -> None:
     sys.path.insert(0, str(DEPLOY / "grafana"))
     try:
-        import make_dashboard  # type: ignore[import-not-found]
+        import make_dashboard  # type: ignore[import-not-found]  # deploy/grafana, put on sys.path above
     finally:
         sys.path.pop(0)
     committed = json.loads((DEPLOY / "grafana" / "hk-edge-gateway.json").read_text())

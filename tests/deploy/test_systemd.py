@@ -55,7 +55,9 @@ def test_gateway_unit_gives_the_drain_time_to_finish() -> None:
     """TimeoutStopSec exceeds the example config's drain grace + timeout; notify with a watchdog."""
     unit = (DEPLOY / "systemd" / "hk-gateway.service").read_text()
     config = tomllib.loads((DEPLOY / "hk-gateway.example.toml").read_text())
-    stop = float(re.search(r"^TimeoutStopSec=(\d+)s$", unit, re.M).group(1))  # type: ignore[union-attr]
+    timeout = re.search(r"^TimeoutStopSec=(\d+)s$", unit, re.M)
+    assert timeout, "hk-gateway.service sets no TimeoutStopSec"
+    stop = float(timeout.group(1))
     assert stop > config["drain_timeout_s"] + config["drain_grace_s"] + 5
     assert re.search(r"^Type=notify$", unit, re.M) and re.search(r"^WatchdogSec=\d+s$", unit, re.M)
     assert re.search(r"^CPUQuota=1600%$", unit, re.M)  # at most 16 logical cores

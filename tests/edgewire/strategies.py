@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Protocol
+
 from hypothesis import strategies as st
 
 from edgewire import pb
@@ -15,8 +18,14 @@ i64 = st.integers(-(1 << 63), (1 << 63) - 1)
 f32 = st.floats(width=32, allow_nan=False)
 
 
-def enum_values(enum: object) -> st.SearchStrategy[int]:
-    return st.sampled_from(list(enum.values()))  # type: ignore[attr-defined]
+class ProtoEnum(Protocol):
+    """A generated protobuf enum (its EnumTypeWrapper)."""
+
+    def values(self) -> Sequence[int]: ...
+
+
+def enum_values(enum: ProtoEnum) -> st.SearchStrategy[int]:
+    return st.sampled_from(list(enum.values()))
 
 
 tensors = st.builds(
