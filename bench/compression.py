@@ -28,6 +28,7 @@ KINDS = {
     "all kinds": (pb.REQUEST_KIND_RANKING, pb.REQUEST_KIND_TEXT, pb.REQUEST_KIND_IMAGE),
 }
 BATCH = 100
+TRAIN_SEED = 7  # the dictionary is trained on this seed's traffic unless told otherwise
 
 
 @dataclass
@@ -95,11 +96,21 @@ def measure(n_requests: int, seed: int, train_seed: int) -> tuple[list[Row], int
     return rows, envelope_bytes, len(store.raw(dict_id) or b"") / 1024
 
 
+def command(args: argparse.Namespace) -> str:
+    """The command line of this run, as it ran: ``--write`` only when it was given."""
+    words = ["python -m bench.compression", f"--requests {args.requests}", f"--seed {args.seed}"]
+    if args.train_seed != TRAIN_SEED:
+        words.append(f"--train-seed {args.train_seed}")
+    if args.write:
+        words.append("--write")
+    return " ".join(words)
+
+
 def render(rows: list[Row], envelope_bytes: int, dict_kib: float, args: argparse.Namespace) -> str:
     body = [
         "## Compression (issue 2)",
         "",
-        f"Command: `python -m bench.compression --requests {args.requests} --seed {args.seed} --write`  ",
+        f"Command: `{command(args)}`  ",
         f"Measured {stamp()} on {machine()}.  ",
         f"Dictionary: {dict_kib:.0f} KiB, trained on seed {args.train_seed} traffic (single ranking and text "
         f"requests), measured on seed {args.seed}.",
@@ -147,14 +158,19 @@ def render(rows: list[Row], envelope_bytes: int, dict_kib: float, args: argparse
     return "\n".join(body)
 
 
+def parser() -> argparse.ArgumentParser:
+    """The command line: sizes of this many requests of one seed, with a dictionary of another's."""
+    cli = argparse.ArgumentParser(description="raw protobuf vs zstd 3 vs zstd 3 + dictionary")
+    cli.add_argument("--requests", type=int, default=4000)
+    cli.add_argument("--seed", type=int, default=8)
+    cli.add_argument("--train-seed", type=int, default=TRAIN_SEED)
+    cli.add_argument("--write", action="store_true", help="update docs/BENCHMARKS.md")
+    cli.add_argument("--json", action="store_true")
+    return cli
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="raw protobuf vs zstd 3 vs zstd 3 + dictionary")
-    parser.add_argument("--requests", type=int, default=4000)
-    parser.add_argument("--seed", type=int, default=8)
-    parser.add_argument("--train-seed", type=int, default=7)
-    parser.add_argument("--write", action="store_true", help="update docs/BENCHMARKS.md")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     rows, envelope_bytes, dict_kib = measure(args.requests, args.seed, args.train_seed)
     if args.json:
         extra = [{"saved": r.saved, "saved_dict": r.saved_dict, "saved_sent": r.saved_sent} for r in rows]
