@@ -67,6 +67,9 @@ class TritonInstall:
     def environment(self) -> dict[str, str]:
         """The server's environment: the models' Python first on PATH, the matching libpython findable."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+        # The models' onnxruntime would keep a telemetry database under ~/.cache/Microsoft and a session
+        # file in $TMPDIR (read at its import, in each stub).
+        env.setdefault("ORT_DISABLE_TELEMETRY", "1")
         env["PATH"] = f"{self.root / 'python-env' / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}"
         libs = [str(sysconfig.get_config_var("LIBDIR")), str(self.root / "nvidia_pytriton.libs")]
         if env.get("LD_LIBRARY_PATH"):
@@ -264,6 +267,7 @@ def local_ray(num_cpus: int = 2) -> Iterator[None]:
     )
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")  # the replicas' onnxruntime: see TritonInstall
     if str(RAYSERVE_APP_DIR) not in sys.path:
         sys.path.insert(0, str(RAYSERVE_APP_DIR))
     ray.init(
