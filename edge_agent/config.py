@@ -1,22 +1,22 @@
 """The edge agent's one typed config: TOML file, then ``EDGE_*`` environment, then CLI flags.
 
-``load_config`` raises :class:`gateway.config.ConfigError`-style errors naming every bad key (this module's
-own :class:`AgentConfigError`); only the CLI turns them into an exit code.
+Loaded by the same mechanism as the gateway's (:mod:`service.configfile`): ``load_config`` raises
+:class:`AgentConfigError` (the same error the gateway raises) naming every bad key, ``[routing]`` keys
+included; only the CLI turns it into an exit code.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from edgewire.codec import DEFAULT_MIN_SAVING
-from routing.config import DEFAULT_ROUTING_SECTION, RoutingConfig, RoutingConfigError, load_routing_config
+from routing.config import DEFAULT_ROUTING_SECTION, RoutingConfig
 from routing.regions import REGIONS
-from service.configfile import ConfigFileError, env_overrides, merge_tables, read_toml, validation_problems
+from service import configfile
 from service.logs import LoggingConfig
 
 ENV_PREFIX = "EDGE_"
@@ -45,14 +45,21 @@ class DiscoveryConfig(_Section):
 
     @model_validator(mode="after")
     def _name_for_dns(self) -> Self:
+        """What DNS discovery needs, each problem at its own key (``discovery.nameservers[1]``)."""
         from edge_agent.discovery import parse_nameserver
 
+        problems: list[tuple[tuple[int | str, ...], str]] = []
         if self.mode != "static" and not self.name:
-            raise ValueError(f"mode {self.mode!r} needs a name")
+            problems.append((("name",), f"required with mode {self.mode!r}"))
         if self.min_ttl_s > self.max_ttl_s:
-            raise ValueError("min_ttl_s must not exceed max_ttl_s")
-        for entry in self.nameservers:
-            parse_nameserver(entry)  # raises ValueError naming the bad entry
+            problems.append((("min_ttl_s",), f"must not exceed max_ttl_s ({self.max_ttl_s})"))
+        for i, entry in enumerate(self.nameservers):
+            try:
+                parse_nameserver(entry)
+            except ValueError as exc:
+                problems.append((("nameservers", i), str(exc)))
+        if problems:
+            raise configfile.invalid("DiscoveryConfig", problems)
         return self
 
 
@@ -135,10 +142,8 @@ class AgentConfig(_Section):
         return self.agent_id or f"edge-{self.region}-1"
 
 
-class AgentConfigError(ValueError):
-    def __init__(self, problems: list[tuple[str, str]]) -> None:
-        self.problems = problems
-        super().__init__("; ".join(f"{k}: {m}" for k, m in problems))
+AgentConfigError = configfile.ConfigError
+"""What :func:`load_config` raises: every bad key with its message (the gateway raises the same error)."""
 
 
 def load_config(
@@ -147,31 +152,14 @@ def load_config(
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
 ) -> AgentConfig:
-    """Defaults < TOML file < ``EDGE_*`` environment < CLI overrides; every bad key named at once."""
-    raw: dict[str, Any] = {"routing": DEFAULT_ROUTING_SECTION}
-    if path is not None:
-        try:
-            from_file = read_toml(path)
-        except ConfigFileError as exc:
-            raise AgentConfigError([(exc.key, exc.message)]) from None
-        if "routing" in from_file:
-            raw["routing"] = {}
-        raw = merge_tables(raw, from_file)
-    raw = merge_tables(raw, env_overrides(os.environ if environ is None else environ, ENV_PREFIX))
-    raw = merge_tables(raw, overrides or {})
-    problems: list[tuple[str, str]] = []
-    try:
-        routing = load_routing_config(raw.get("routing", {}))
-    except RoutingConfigError as exc:
-        problems.extend(exc.problems)
-        routing = None
-    try:
-        config = AgentConfig.model_validate(
-            {**raw, "routing": routing or load_routing_config(DEFAULT_ROUTING_SECTION)}
-        )
-    except ValidationError as exc:
-        problems.extend((key, message) for key, message, _ in validation_problems(exc))
-        raise AgentConfigError(problems) from None
-    if problems:
-        raise AgentConfigError(problems)
-    return config
+    """Defaults < TOML file < ``EDGE_*`` environment < CLI overrides; every bad key named at once. A file
+    with a ``[routing]`` table replaces the default policy wholesale."""
+    return configfile.load_config(
+        AgentConfig,
+        defaults={"routing": DEFAULT_ROUTING_SECTION},
+        path=path,
+        env_prefix=ENV_PREFIX,
+        environ=environ,
+        overrides=overrides,
+        file_replaces=("routing",),
+    )

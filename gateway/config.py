@@ -7,25 +7,21 @@ turns that into an exit code. ``deploy/hk-gateway.example.toml`` is the annotate
 from __future__ import annotations
 
 import ipaddress
-import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from routing.config import (
-    DEFAULT_ROUTING_SECTION,
-    RoutingConfig,
-    RoutingConfigError,
-    default_routing_config,
-    load_routing_config,
-)
-from service.configfile import ConfigFileError, env_overrides, merge_tables, read_toml, validation_problems
+from routing.config import DEFAULT_ROUTING_SECTION, RoutingConfig
+from service import configfile
+from service.configfile import invalid
 from service.logs import LoggingConfig
 
 ENV_PREFIX = "HKGW_"
+ConfigError = configfile.ConfigError
+"""What :func:`load_config` raises: every bad key with its message (the agent raises the same error)."""
 SecurityMode = Literal["curve", "plaintext"]
 DEFAULT_MODELS_DIR = "var/models"
 
@@ -244,6 +240,36 @@ class ModelPipelineConfig(_Section):
     parameters: dict[str, str] = {}  # merged over the model's own parameters
 
 
+def _backend_section(section: dict[str, Any]) -> dict[str, Any]:
+    """A ``[backends.<name>]`` table checked by the options model its ``type`` registered; each bad option
+    is reported at its own key (``backends.<name>.<option>``). The table is kept as written: it is what
+    the backend's factory takes at start."""
+    import gateway.backends.builtin  # noqa: F401  (registers the built-in types and their options)
+    from inference.backends.base import create, registered_types
+    from inference.backends.options import option_types, options_model
+
+    known = sorted({*option_types(), *registered_types()})
+    kind = section.get("type")
+    if not isinstance(kind, str):
+        raise invalid("backend", [(("type",), f"required: one of {known}")])
+    options = {k: v for k, v in section.items() if k != "type"}
+    try:
+        model = options_model(kind)
+    except LookupError:
+        if kind not in known:
+            raise invalid("backend", [(("type",), f"unknown type {kind!r}; known: {known}")]) from None
+        # A factory registered without an options model (gateway.testing's fault-injecting wrapper) is
+        # checked by building it, which reads its options and connects to nothing.
+        create(kind, kind, options)
+        return section
+    model.model_validate(options)
+    return section
+
+
+BackendSection = Annotated[dict[str, Any], AfterValidator(_backend_section)]
+"""A backend's config table: ``type`` and the options that type takes (inference.backends.options)."""
+
+
 class GatewayConfig(_Section):
     """Everything ``hk-gateway`` needs; built by :func:`load_config`."""
 
@@ -265,7 +291,7 @@ class GatewayConfig(_Section):
     # back, so GeoDNS and BGP health checkers see DRAINING (and move traffic) before the listener goes.
     drain_grace_s: float = Field(default=2.0, ge=0)
     dictionaries: Path | None = None  # directory of <dict_id>.zdict files
-    backends: dict[str, dict[str, Any]]  # name -> {type = "...", backend options}
+    backends: dict[str, BackendSection]  # name -> {type = "...", the options of that type}
     pools: dict[str, PoolDispatch]
     pipelines: dict[str, ModelPipelineConfig] = {}  # model name -> gateway-side pipeline declaration
     routing: RoutingConfig
@@ -281,58 +307,27 @@ class GatewayConfig(_Section):
             raise ValueError("carrier bind addresses must be distinct")
         return carriers
 
-    @field_validator("backends")
-    @classmethod
-    def _backend_types(cls, backends: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        import gateway.backends.builtin  # noqa: F401  (registers the built-in types)
-        from inference.backends.base import create, registered_types
-
-        known = registered_types()
-        for name, section in backends.items():
-            kind = section.get("type")
-            if not isinstance(kind, str):
-                raise ValueError(f"backend {name!r} needs a string 'type'")
-            if kind not in known:
-                raise ValueError(f"backend {name!r}: unknown type {kind!r}; known: {known}")
-            # Building a backend only reads its options (nothing connects or loads before start()), so
-            # check-config catches a bad option instead of the daemon's start.
-            create(kind, name, {k: v for k, v in section.items() if k != "type"})
-        return backends
-
     @model_validator(mode="after")
     def _cross_references(self) -> Self:
-        problems: list[tuple[str, str]] = []
+        """Keys that name each other (a pool's backend, a pipeline's model), each reported at its key."""
+        problems: list[tuple[tuple[int | str, ...], str]] = []
         if self.security.mode == "plaintext":
             for i, carrier in enumerate(self.carriers):
                 if not carrier.is_loopback():
-                    problems.append((f"carriers[{i}].bind", "plaintext is allowed only on loopback binds"))
+                    problems.append((("carriers", i, "bind"), "plaintext is allowed only on loopback binds"))
         routing_pools = {p.name for p in self.routing.pools}
         for name in sorted(routing_pools - set(self.pools)):
-            problems.append((f"pools.{name}", "routing pool has no [pools.<name>] dispatch section"))
+            problems.append((("pools", name), "routing pool has no [pools.<name>] dispatch section"))
         for name in sorted(set(self.pools) - routing_pools):
-            problems.append((f"pools.{name}", "not a pool of the routing section"))
+            problems.append((("pools", name), "not a pool of the routing section"))
         for name, pool in self.pools.items():
             if pool.backend not in self.backends:
-                problems.append((f"pools.{name}.backend", f"no backend named {pool.backend!r}"))
+                problems.append((("pools", name, "backend"), f"no backend named {pool.backend!r}"))
         for name in sorted(set(self.pipelines) - set(self.routing.models)):
-            problems.append((f"pipelines.{name}", "not a model of the routing section ([routing.models])"))
+            problems.append((("pipelines", name), "not a model of the routing section ([routing.models])"))
         if problems:
-            raise _CrossReferenceError(problems)
+            raise invalid("GatewayConfig", problems)
         return self
-
-
-class _CrossReferenceError(ValueError):
-    def __init__(self, problems: list[tuple[str, str]]) -> None:
-        super().__init__("; ".join(f"{k}: {m}" for k, m in problems))
-        self.problems = problems
-
-
-class ConfigError(ValueError):
-    """Invalid gateway config; ``problems`` holds (key path, message) pairs, all of them."""
-
-    def __init__(self, problems: list[tuple[str, str]]) -> None:
-        self.problems = problems
-        super().__init__("; ".join(f"{key}: {msg}" for key, msg in problems))
 
 
 def default_section() -> dict[str, Any]:
@@ -370,29 +365,7 @@ def default_section() -> dict[str, Any]:
 
 def validate(raw: Mapping[str, Any]) -> GatewayConfig:
     """Validate a merged mapping; raises ConfigError naming each bad key."""
-    problems: list[tuple[str, str]] = []
-    routing_raw = raw.get("routing", {})
-    try:
-        routing = load_routing_config(routing_raw if isinstance(routing_raw, Mapping) else {})
-    except RoutingConfigError as exc:
-        problems.extend(exc.problems)
-        routing = None
-    try:
-        # With an invalid routing section, validate the rest against the default one so that every bad key
-        # is reported at once; pool cross-references are then not meaningful and are skipped.
-        config = GatewayConfig.model_validate({**raw, "routing": routing or default_routing_config()})
-    except ValidationError as exc:
-        for key, message, cause in validation_problems(exc):
-            if key.startswith("routing") and routing is None:
-                continue
-            if isinstance(cause, _CrossReferenceError):
-                problems.extend(cause.problems if routing is not None else [])
-                continue
-            problems.append((key, message))
-        raise ConfigError(problems) from None
-    if problems:
-        raise ConfigError(problems)
-    return config
+    return configfile.validate(GatewayConfig, raw)
 
 
 def load_config(
@@ -401,26 +374,19 @@ def load_config(
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
 ) -> GatewayConfig:
-    """Defaults, then the TOML file, then ``HKGW_*`` environment variables, then CLI overrides."""
-    raw = default_section()
-    if path is None:
-        # Only the no-argument local gateway is plaintext by default; a config file gets CurveZMQ unless
-        # it says otherwise.
-        raw["security"] = {"mode": "plaintext"}
-    else:
-        try:
-            from_file = read_toml(path)
-        except ConfigFileError as exc:
-            raise ConfigError([(exc.key, exc.message)]) from None
-        # A file that names its own carriers, backends or pools replaces the defaults wholesale.
-        for key in ("carriers", "backends", "pools"):
-            if key in from_file:
-                raw.pop(key)
-        if "routing" in from_file:
-            raw["routing"] = {}
-        raw = merge_tables(raw, from_file)
-        raw.setdefault("security", {"mode": "curve"})
-    raw = merge_tables(raw, env_overrides(os.environ if environ is None else environ, ENV_PREFIX))
-    if overrides:
-        raw = merge_tables(raw, overrides)
-    return validate(raw)
+    """Defaults, then the TOML file, then ``HKGW_*`` environment variables, then CLI overrides.
+
+    A file that names its own carriers, backends, pools or routing replaces the defaults wholesale. Only
+    the no-argument local gateway is plaintext by default; a config file gets CurveZMQ unless it says
+    otherwise.
+    """
+    defaults = {**default_section(), "security": {"mode": "plaintext" if path is None else "curve"}}
+    return configfile.load_config(
+        GatewayConfig,
+        defaults=defaults,
+        path=path,
+        env_prefix=ENV_PREFIX,
+        environ=environ,
+        overrides=overrides,
+        file_replaces=("carriers", "backends", "pools", "routing"),
+    )

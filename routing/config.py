@@ -1,8 +1,11 @@
 """The ``[routing]`` section of the gateway and agent config: schema, validation, and the demo default.
 
-Validation happens in one step, :func:`load_routing_config`, which raises :class:`RoutingConfigError`
-naming every bad key by its path (``routing.pools[2].tier: ...``). Cross-references (a pool naming a model
-that is not configured, a pin naming a pool that does not serve the model) are checked in the same step.
+:class:`RoutingConfig` is a field of both programs' schemas, so their one validation step
+(``service.configfile``) checks it with the rest and names a bad key by its path
+(``routing.pools[2].tier: ...``). Cross-references (a pool naming a model that is not configured, a pin
+naming a pool that does not serve the model) are checked in the same step and reported at their own keys.
+:func:`load_routing_config` validates the section alone (a policy reload, the tests) and raises
+:class:`RoutingConfigError` with the same paths.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from routing.regions import RegionName
 from routing.types import Priority, RequestKind, Tier
@@ -168,48 +172,51 @@ class RoutingConfig(_Section):
 
     @model_validator(mode="after")
     def _references(self) -> Self:
+        """Names that must match (a pool's models, a pin's pool), each reported at its own key: raised
+        inside the validator, pydantic-core files the errors under the section's own location."""
         problems = _reference_problems(self)
         if problems:
-            raise _ReferenceError(problems)
+            raise ValidationError.from_exception_data(
+                "RoutingConfig",
+                [
+                    InitErrorDetails(type=PydanticCustomError("reference", message), loc=loc, input=None)
+                    for loc, message in problems
+                ],
+            )
         return self
 
 
-class _ReferenceError(ValueError):
-    """Cross-reference problems, each with its own key path (pydantic would report them at the root)."""
-
-    def __init__(self, problems: list[tuple[str, str]]) -> None:
-        super().__init__("; ".join(f"{path}: {msg}" for path, msg in problems))
-        self.problems = problems
+Location = tuple[int | str, ...]
 
 
-def _reference_problems(cfg: RoutingConfig) -> list[tuple[str, str]]:
-    problems: list[tuple[str, str]] = []
+def _reference_problems(cfg: RoutingConfig) -> list[tuple[Location, str]]:
+    problems: list[tuple[Location, str]] = []
     pools: dict[str, PoolConfig] = {}
     for i, pool in enumerate(cfg.pools):
         if pool.name in pools:
-            problems.append((f"pools[{i}].name", f"duplicate pool name {pool.name!r}"))
+            problems.append((("pools", i, "name"), f"duplicate pool name {pool.name!r}"))
         pools[pool.name] = pool
         for j, model_name in enumerate(pool.models):
             if model_name not in cfg.models:
                 problems.append(
-                    (f"pools[{i}].models[{j}]", f"unknown model {model_name!r} (not under models)")
+                    (("pools", i, "models", j), f"unknown model {model_name!r} (not under models)")
                 )
     for name, model in cfg.models.items():
         problems.extend(_pin_problems(cfg, pools, name, model))
     for region, override in cfg.regions.items():
         for j, pool_name in enumerate(override.pools or ()):
             if pool_name not in pools:
-                problems.append((f"regions.{region}.pools[{j}]", f"unknown pool {pool_name!r}"))
+                problems.append((("regions", region, "pools", j), f"unknown pool {pool_name!r}"))
     return problems
 
 
 def _pin_problems(
     cfg: RoutingConfig, pools: dict[str, PoolConfig], name: str, model: ModelConfig
-) -> list[tuple[str, str]]:
-    problems: list[tuple[str, str]] = []
-    base = f"models.{name}"
+) -> list[tuple[Location, str]]:
+    problems: list[tuple[Location, str]] = []
+    base: Location = ("models", name)
 
-    def serving(pool_name: str, path: str) -> PoolConfig | None:
+    def serving(pool_name: str, path: Location) -> PoolConfig | None:
         pool = pools.get(pool_name)
         if pool is None:
             problems.append((path, f"unknown pool {pool_name!r}"))
@@ -219,18 +226,18 @@ def _pin_problems(
             return None
         return pool
 
-    pinned = serving(model.pin_pool, f"{base}.pin_pool") if model.pin_pool is not None else None
+    pinned = serving(model.pin_pool, (*base, "pin_pool")) if model.pin_pool is not None else None
     for version, pool_name in model.version_pins.items():
-        serving(pool_name, f"{base}.version_pins.{version}")
+        serving(pool_name, (*base, "version_pins", version))
     tier = model.pin_tier
     if tier is None:
         return problems
     if pinned is not None and pinned.tier is not tier:
-        problems.append((f"{base}.pin_tier", f"pin_pool {pinned.name!r} is on tier {pinned.tier}"))
+        problems.append(((*base, "pin_tier"), f"pin_pool {pinned.name!r} is on tier {pinned.tier}"))
     elif tier is Tier.EDGE_DEVICE and not model.on_device:
-        problems.append((f"{base}.pin_tier", "pinned to edge_device but on_device is false"))
+        problems.append(((*base, "pin_tier"), "pinned to edge_device but on_device is false"))
     elif tier is not Tier.EDGE_DEVICE and not any(p.tier is tier and name in p.models for p in cfg.pools):
-        problems.append((f"{base}.pin_tier", f"no pool on tier {tier} serves this model"))
+        problems.append(((*base, "pin_tier"), f"no pool on tier {tier} serves this model"))
     return problems
 
 
@@ -259,7 +266,8 @@ def _key_path(section: str, loc: tuple[int | str, ...]) -> str:
 def load_routing_config(mapping: Mapping[str, Any], *, section: str = "routing") -> RoutingConfig:
     """Validate the ``[routing]`` section (as parsed from TOML or built in code).
 
-    Raises :class:`RoutingConfigError` naming each bad key as ``section.path[index].key``.
+    Raises :class:`RoutingConfigError` naming each bad key as ``section.path[index].key``: the same paths
+    and messages as the programs' loader (``service.configfile``, which ``routing`` may not import).
     """
     try:
         return RoutingConfig.model_validate(mapping)
@@ -271,10 +279,6 @@ def load_routing_config(mapping: Mapping[str, Any], *, section: str = "routing")
             if err["type"] == "too_short" and any(e["loc"][: len(loc)] == loc != e["loc"] for e in errors):
                 continue  # pydantic also counts the invalid items as missing; the item errors say it all
             cause = err.get("ctx", {}).get("error")
-            if isinstance(cause, _ReferenceError):
-                prefix = _key_path(section, err["loc"])
-                problems.extend((f"{prefix}.{path}", msg) for path, msg in cause.problems)
-                continue
             msg = str(cause) if isinstance(cause, ValueError) else err["msg"]
             problems.append((_key_path(section, err["loc"]), msg))
         raise RoutingConfigError(problems) from None

@@ -10,7 +10,7 @@ import asyncio
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 
@@ -25,16 +25,14 @@ from inference.backends.base import (
     ServedVersions,
     register,
 )
-from inference.backends.modelrepo import (
-    REPOSITORY_OPTIONS,
-    ModelRepository,
-    RepositoryOptions,
-    spec_from_config,
-)
-from inference.backends.options import refuse_unknown
+from inference.backends.modelrepo import ModelRepository, RepositoryOptions, spec_from_config
+from inference.backends.options import backend_options
 from inference.models.demo import DEMO_MODELS, demo_config
 
-_OPTIONS: Final = REPOSITORY_OPTIONS
+
+@backend_options("null")
+class NullOptions(RepositoryOptions):
+    """The ``null`` backend's options: only where its model specs come from (none = the demo models)."""
 
 
 class NullBackend:
@@ -118,6 +116,5 @@ class NullBackend:
 @register("null")
 def create_null_backend(name: str, options: Mapping[str, Any]) -> Backend:
     """Factory for ``type = "null"`` (benchmarks only): a :class:`NullBackend` from its config section."""
-    refuse_unknown(name, options, _OPTIONS)
-    repo = RepositoryOptions.from_mapping(name, options, required=False)
+    repo = NullOptions.from_mapping(name, options)
     return NullBackend(name, repository=repo.repository, pins=repo.pins, max_models=repo.max_models)

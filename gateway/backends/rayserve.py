@@ -11,15 +11,21 @@ proxy turns into a cancellation of the request at the replica.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Annotated, Any
 
 from gateway.backends.kserve.backend import KServeBackend
 from gateway.backends.kserve.dialect import ServerAnswer, common_error
 from gateway.backends.kserve.options import KServeOptions
 from inference.backends.base import Backend, BackendError, InferCall, register
+from inference.backends.options import backend_options, text
 from routing.types import Priority
 
-_EXTRA: Final = frozenset({"application"})
+
+@backend_options("rayserve")
+class RayServeOptions(KServeOptions):
+    """The ``rayserve`` backend's options: those of every KServe v2 backend and the Serve application."""
+
+    application: Annotated[str, text()] = "hk-models"  # the request header Ray Serve's proxy routes by
 
 
 class RayServeDialect:
@@ -47,9 +53,5 @@ class RayServeDialect:
 @register("rayserve")
 def create_rayserve_backend(name: str, options: Mapping[str, Any]) -> Backend:
     """Factory for ``type = "rayserve"``: a KServe v2 gRPC backend with Ray Serve's dialect."""
-    application = options.get("application", "hk-models")
-    if not isinstance(application, str) or not application:
-        raise ValueError(f"backend {name!r}: option 'application' must be a non-empty string")
-    return KServeBackend(
-        name, KServeOptions.from_mapping(name, options, _EXTRA), RayServeDialect(application)
-    )
+    read = RayServeOptions.from_mapping(name, options)
+    return KServeBackend(name, read, RayServeDialect(read.application))

@@ -18,9 +18,11 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Annotated, Any, Final, Literal, get_args
 
 import numpy as np
+from pydantic import Field, ValidatorFunctionWrapHandler, WrapValidator
+from pydantic_core import PydanticCustomError
 
 from inference.backends.base import (
     Backend,
@@ -32,10 +34,10 @@ from inference.backends.base import (
     ModelSpec,
     register,
 )
-from inference.backends.options import integer, refuse_unknown
+from inference.backends.options import INVALID_OPTION, BackendOptions, backend_options, integer
 
-DTYPES: Final = ("float16", "bfloat16", "float32")
-_OPTIONS: Final = frozenset({"device", "dtype", "models", "threads"})
+TorchDtype = Literal["float16", "bfloat16", "float32"]
+DTYPES: Final = get_args(TorchDtype)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,35 +51,32 @@ class TorchModel:
 TorchFactory = Callable[[str, str], TorchModel]
 
 
-@dataclass(frozen=True, slots=True)
-class TorchOptions:
+def _factory_reference() -> WrapValidator:
+    def check(value: Any, handler: ValidatorFunctionWrapHandler) -> str:
+        if isinstance(value, str) and ":" in value:
+            return value
+        raise PydanticCustomError(INVALID_OPTION, f"must be 'package.module:factory', got {value!r}")
+
+    return WrapValidator(check)
+
+
+def _device() -> WrapValidator:
+    def check(value: Any, handler: ValidatorFunctionWrapHandler) -> str:
+        if isinstance(value, str) and value.startswith(("cuda", "cpu")):
+            return value
+        raise PydanticCustomError(INVALID_OPTION, f"must be 'cuda', 'cuda:N' or 'cpu', got {value!r}")
+
+    return WrapValidator(check)
+
+
+@backend_options("torch")
+class TorchOptions(BackendOptions):
     """The ``torch`` backend's options (config keys of the same names)."""
 
-    models: Mapping[str, str]  # model name -> "package.module:factory"
-    device: str = "cuda:0"
-    dtype: str = "float16"
-    threads: int = 2
-
-    @classmethod
-    def from_mapping(cls, backend: str, options: Mapping[str, Any]) -> TorchOptions:
-        """Read a config section; unknown keys and bad values are a ValueError naming the key."""
-        where = f"backend {backend!r}: option"
-        refuse_unknown(backend, options, _OPTIONS)
-        models = options.get("models")
-        if (
-            not isinstance(models, Mapping)
-            or not models
-            or not all(isinstance(k, str) and isinstance(v, str) and ":" in v for k, v in models.items())
-        ):
-            raise ValueError(f"{where} 'models' must map model names to 'module:factory', got {models!r}")
-        dtype = options.get("dtype", "float16")
-        if dtype not in DTYPES:
-            raise ValueError(f"{where} 'dtype' must be one of {DTYPES}, got {dtype!r}")
-        device = options.get("device", "cuda:0")
-        if not isinstance(device, str) or not device.startswith(("cuda", "cpu")):
-            raise ValueError(f"{where} 'device' must be 'cuda', 'cuda:N' or 'cpu', got {device!r}")
-        threads = integer(backend, options, "threads", 2, maximum=16)
-        return cls(models=dict(models), device=device, dtype=dtype, threads=threads)
+    models: Annotated[dict[str, Annotated[str, _factory_reference()]], Field(min_length=1)]  # name -> factory
+    device: Annotated[str, _device()] = "cuda:0"
+    dtype: TorchDtype = "float16"
+    threads: Annotated[int, integer(maximum=16)] = 2
 
 
 class TorchBackend:

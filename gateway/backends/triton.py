@@ -17,6 +17,7 @@ from gateway.backends.kserve.backend import KServeBackend
 from gateway.backends.kserve.dialect import ServerAnswer, common_error
 from gateway.backends.kserve.options import KServeOptions
 from inference.backends.base import Backend, BackendError, InferCall, register
+from inference.backends.options import backend_options
 from routing.types import Priority
 
 QUEUE_FULL: Final = "Exceeds maximum queue size"
@@ -54,7 +55,12 @@ class TritonDialect:
         return common_error(answer, call, where)
 
 
+@backend_options("triton")
+class TritonOptions(KServeOptions):
+    """The ``triton`` backend's options: those of every KServe v2 backend."""
+
+
 @register("triton")
 def create_triton_backend(name: str, options: Mapping[str, Any]) -> Backend:
     """Factory for ``type = "triton"``: a KServe v2 gRPC backend with Triton's dialect."""
-    return KServeBackend(name, KServeOptions.from_mapping(name, options), TritonDialect())
+    return KServeBackend(name, TritonOptions.from_mapping(name, options), TritonDialect())

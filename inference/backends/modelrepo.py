@@ -16,13 +16,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, TypeAlias
+from typing import Annotated, Any, Final, Self, TypeAlias
 
 from google.protobuf import text_format
+from pydantic import Field
 from tritonclient.grpc import model_config_pb2
 
 from inference.backends.base import ModelSpec, TensorSpec
-from inference.backends.options import integer
+from inference.backends.options import BackendOptions, BackendOptionsError, integer, version
 
 ModelConfig: TypeAlias = Any  # model_config_pb2.ModelConfig; the package ships no type information
 
@@ -52,7 +53,6 @@ NUMPY_DTYPES: Final[Mapping[str, str]] = {
 
 
 _TRITON_TYPES: Final = {numpy: triton for triton, numpy in NUMPY_DTYPES.items()}
-REPOSITORY_OPTIONS: Final = frozenset({"repository", "pins", "max_models"})
 
 
 class ModelRepositoryError(ValueError):
@@ -64,35 +64,20 @@ class ModelRepositoryError(ValueError):
         self.field = field
 
 
-@dataclass(frozen=True, slots=True)
-class RepositoryOptions:
+class RepositoryOptions(BackendOptions):
     """The repository part of a backend's options: ``repository``, ``pins`` and ``max_models``."""
 
-    repository: Path | None
-    pins: Mapping[str, str]
-    max_models: int = DEFAULT_MAX_MODELS
+    repository: Path | None = None  # the model repository directory
+    pins: dict[str, Annotated[str, version()]] = Field(default_factory=dict)  # model -> default version
+    max_models: Annotated[int, integer()] = DEFAULT_MAX_MODELS
 
     @classmethod
-    def from_mapping(cls, backend: str, options: Mapping[str, Any], *, required: bool) -> RepositoryOptions:
-        """Read and check the keys; a bad value is a ValueError naming the backend and the key."""
-        where = f"backend {backend!r}: option"
-        raw_path = options.get("repository")
-        if raw_path is None and required:
-            raise ValueError(f"{where} 'repository' is required")
-        if raw_path is not None and not isinstance(raw_path, str | Path):
-            raise ValueError(f"{where} 'repository' must be a path, got {raw_path!r}")
-        pins = options.get("pins", {})
-        if not isinstance(pins, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, str | int) and not isinstance(v, bool)
-            for k, v in pins.items()
-        ):
-            raise ValueError(f"{where} 'pins' must map model names to versions, got {pins!r}")
-        max_models = integer(backend, options, "max_models", DEFAULT_MAX_MODELS)
-        return cls(
-            repository=None if raw_path is None else Path(raw_path),
-            pins={k: str(v) for k, v in pins.items()},
-            max_models=max_models,
-        )
+    def from_mapping(cls, backend: str, options: Mapping[str, Any], *, required: bool = False) -> Self:
+        """Validate the keys; ``required``: a missing ``repository`` is refused too."""
+        read = super().from_mapping(backend, options)
+        if required and read.repository is None:
+            raise BackendOptionsError(backend, [("repository", "is required")])
+        return read
 
 
 @dataclass(frozen=True, slots=True)

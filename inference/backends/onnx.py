@@ -14,9 +14,9 @@ import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Annotated, Any, Final, Literal, get_args
 
 import numpy as np
 import onnxruntime as ort
@@ -34,13 +34,12 @@ from inference.backends.base import (
     register,
 )
 from inference.backends.modelrepo import (
-    REPOSITORY_OPTIONS,
     ModelRepository,
     ModelRepositoryError,
     RepositoryChange,
     RepositoryOptions,
 )
-from inference.backends.options import integer, refuse_unknown, seconds
+from inference.backends.options import backend_options, integer, seconds
 
 _log = structlog.get_logger(__name__)
 
@@ -61,40 +60,20 @@ _ORT_DTYPES: Final = {
     "tensor(double)": "float64",
     "tensor(string)": "object",
 }
-_OPTIONS: Final = REPOSITORY_OPTIONS | {"threads", "intra_op_threads", "rescan_interval_s", "device"}
-DEVICES: Final = ("cpu", "cuda")
+OnnxDevice = Literal["cpu", "cuda"]
+DEVICES: Final = get_args(OnnxDevice)
 
 
-@dataclass(frozen=True, slots=True)
-class OnnxOptions:
+@backend_options("onnx")
+class OnnxOptions(RepositoryOptions):
     """The ``onnx`` backend's options (config keys of the same names)."""
 
-    repository: Path
-    threads: int = 2  # calls run at once: the size of the thread pool
-    intra_op_threads: int = 1  # ONNX Runtime threads inside one call
-    pins: Mapping[str, str] = field(default_factory=dict)  # model -> version served by default
-    rescan_interval_s: float = 5.0  # how often to look for new versions; 0 = only on reload()
-    max_models: int = 64
-    device: str = "cpu"  # "cuda": ONNX Runtime's CUDA provider first (onnxruntime-gpu), CPU for the rest
-
-    @classmethod
-    def from_mapping(cls, backend: str, options: Mapping[str, Any]) -> OnnxOptions:
-        """Read a config section; unknown keys and bad values are a ValueError naming the key."""
-        refuse_unknown(backend, options, _OPTIONS)
-        repo = RepositoryOptions.from_mapping(backend, options, required=True)
-        assert repo.repository is not None  # required=True refused a missing one
-        device = options.get("device", "cpu")
-        if device not in DEVICES:
-            raise ValueError(f"backend {backend!r}: option 'device' must be one of {DEVICES}, got {device!r}")
-        return cls(
-            repository=repo.repository,
-            threads=integer(backend, options, "threads", 2),
-            intra_op_threads=integer(backend, options, "intra_op_threads", 1),
-            pins=repo.pins,
-            rescan_interval_s=seconds(backend, options, "rescan_interval_s", 5.0, zero_allowed=True),
-            max_models=repo.max_models,
-            device=device,
-        )
+    repository: Path  # required here: the embedded backend serves only what is on disk
+    threads: Annotated[int, integer()] = 2  # calls run at once: the size of the thread pool
+    intra_op_threads: Annotated[int, integer()] = 1  # ONNX Runtime threads inside one call
+    rescan_interval_s: Annotated[float, seconds(zero_allowed=True)] = 5.0  # 0 = only on reload()
+    # "cuda": ONNX Runtime's CUDA provider first (onnxruntime-gpu), the CPU for the rest
+    device: OnnxDevice = "cpu"
 
 
 @dataclass(frozen=True, slots=True)

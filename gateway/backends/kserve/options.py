@@ -2,93 +2,88 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Annotated, Any, Self
+
+from pydantic import Field, ValidatorFunctionWrapHandler, WrapValidator, model_validator
+from pydantic_core import PydanticCustomError
 
 from gateway.backends.kserve.tls import TlsOptions
-from inference.backends.options import integer, refuse_unknown, seconds
-
-_TLS_FILES: Final = ("tls_ca_file", "tls_cert_file", "tls_key_file")
-_OPTIONS: Final = frozenset(
-    {
-        "url",
-        "channels",
-        "models",
-        "pins",
-        "health_interval_s",
-        "call_timeout_s",
-        "control_timeout_s",
-        "tls",
-        "tls_server_name",
-        *_TLS_FILES,
-    }
+from inference.backends.options import (
+    INVALID_OPTION,
+    BackendOptions,
+    Location,
+    flag,
+    integer,
+    invalid,
+    seconds,
+    text,
+    version,
 )
 
 
-@dataclass(frozen=True, slots=True)
-class KServeOptions:
+def _grpc_endpoint() -> WrapValidator:
+    def check(value: Any, handler: ValidatorFunctionWrapHandler) -> str:
+        if isinstance(value, str) and ":" in value and "://" not in value:
+            return value
+        raise PydanticCustomError(INVALID_OPTION, f"must be HOST:PORT of the gRPC endpoint, got {value!r}")
+
+    return WrapValidator(check)
+
+
+class KServeOptions(BackendOptions):
     """Options shared by the KServe v2 gRPC backends (config keys of the same names)."""
 
-    url: str  # host:port of the server's gRPC endpoint
-    channels: int = 2  # gRPC connections, used round-robin
-    models: tuple[str, ...] = ()  # serve only these; () = every model the server has loaded
-    pins: Mapping[str, str] = field(default_factory=dict)  # model -> version served by default
-    health_interval_s: float = 1.0
-    call_timeout_s: float = 30.0  # upper bound of a call without a deadline
-    control_timeout_s: float = 2.0  # readiness, index and config calls
-    tls: TlsOptions | None = None  # None = plaintext gRPC
+    url: Annotated[str, _grpc_endpoint()]  # host:port of the server's gRPC endpoint
+    channels: Annotated[int, integer(maximum=64)] = 2  # gRPC connections, used round-robin
+    models: tuple[
+        Annotated[str, text()], ...
+    ] = ()  # serve only these; () = every model the server has loaded
+    pins: dict[str, Annotated[str, version(numeric=True)]] = Field(
+        default_factory=dict
+    )  # model -> default version
+    health_interval_s: Annotated[float, seconds()] = 1.0
+    call_timeout_s: Annotated[float, seconds()] = 30.0  # upper bound of a call without a deadline
+    control_timeout_s: Annotated[float, seconds()] = 2.0  # readiness, index and config calls
+    # TLS (tls = true; plaintext gRPC without it): the server's CA (none = the host's CA file), a client
+    # certificate and key for mutual TLS (both or neither), the name to check when url is an address.
+    use_tls: Annotated[bool, flag()] = Field(default=False, alias="tls")
+    tls_ca_file: Annotated[str, text()] | None = None
+    tls_cert_file: Annotated[str, text()] | None = None
+    tls_key_file: Annotated[str, text()] | None = None
+    tls_server_name: Annotated[str, text()] | None = None
 
-    @classmethod
-    def from_mapping(
-        cls, backend: str, options: Mapping[str, Any], extra: frozenset[str] = frozenset()
-    ) -> KServeOptions:
-        """Read a config section; unknown keys and bad values are a ValueError naming the key."""
-        known = _OPTIONS | extra
-        refuse_unknown(backend, options, known)
-        where = f"backend {backend!r}: option"
-        url = options.get("url")
-        if not isinstance(url, str) or ":" not in url or "://" in url:
-            raise ValueError(f"{where} 'url' must be HOST:PORT of the gRPC endpoint, got {url!r}")
-        models = options.get("models", [])
-        if not isinstance(models, list | tuple) or not all(isinstance(m, str) and m for m in models):
-            raise ValueError(f"{where} 'models' must be a list of model names, got {models!r}")
-        pins = options.get("pins", {})
-        if not isinstance(pins, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, str | int) and not isinstance(v, bool) and str(v).isdecimal()
-            for k, v in pins.items()
-        ):
-            raise ValueError(f"{where} 'pins' must map model names to numeric versions, got {pins!r}")
-        return cls(
-            url=url,
-            tls=_tls(where, options),
-            channels=integer(backend, options, "channels", 2, maximum=64),
-            models=tuple(models),
-            pins={k: str(v) for k, v in pins.items()},
-            health_interval_s=seconds(backend, options, "health_interval_s", 1.0),
-            call_timeout_s=seconds(backend, options, "call_timeout_s", 30.0),
-            control_timeout_s=seconds(backend, options, "control_timeout_s", 2.0),
+    @model_validator(mode="after")
+    def _tls_options_together(self) -> Self:
+        """A tls_* option without tls = true, or half a client pair, is refused at its own key."""
+        given = {
+            key: value
+            for key, value in (
+                ("tls_ca_file", self.tls_ca_file),
+                ("tls_cert_file", self.tls_cert_file),
+                ("tls_key_file", self.tls_key_file),
+                ("tls_server_name", self.tls_server_name),
+            )
+            if value is not None
+        }
+        problems: list[tuple[Location, str, Any]] = []
+        if not self.use_tls:
+            problems += [((key,), "needs tls = true", value) for key, value in sorted(given.items())]
+        elif ("tls_cert_file" in given) != ("tls_key_file" in given):
+            missing = "tls_key_file" if "tls_cert_file" in given else "tls_cert_file"
+            pair = "is required: tls_cert_file and tls_key_file go together (mutual TLS)"
+            problems.append(((missing,), pair, None))
+        if problems:
+            raise invalid(type(self).__name__, problems)
+        return self
+
+    @property
+    def tls(self) -> TlsOptions | None:
+        """TLS to the server, or None for plaintext gRPC; its files are read when the backend starts."""
+        if not self.use_tls:
+            return None
+        return TlsOptions(
+            ca_file=self.tls_ca_file,
+            cert_file=self.tls_cert_file,
+            key_file=self.tls_key_file,
+            server_name=self.tls_server_name,
         )
-
-
-def _tls(where: str, options: Mapping[str, Any]) -> TlsOptions | None:
-    """``tls = true`` and its files; a tls_* option without it, or half a client pair, is an error."""
-    enabled = options.get("tls", False)
-    if not isinstance(enabled, bool):
-        raise ValueError(f"{where} 'tls' must be true or false, got {enabled!r}")
-    given = {key: options[key] for key in (*_TLS_FILES, "tls_server_name") if key in options}
-    for key, value in given.items():
-        if not isinstance(value, str) or not value:
-            raise ValueError(f"{where} {key!r} must be a non-empty string, got {value!r}")
-    if not enabled:
-        if given:
-            raise ValueError(f"{where} {sorted(given)[0]!r} needs tls = true")
-        return None
-    if ("tls_cert_file" in given) != ("tls_key_file" in given):
-        raise ValueError(f"{where} 'tls_cert_file' and 'tls_key_file' go together (mutual TLS)")
-    return TlsOptions(
-        ca_file=given.get("tls_ca_file"),
-        cert_file=given.get("tls_cert_file"),
-        key_file=given.get("tls_key_file"),
-        server_name=given.get("tls_server_name"),
-    )

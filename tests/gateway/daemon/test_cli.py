@@ -34,6 +34,14 @@ def test_bad_config_names_the_bad_key(path: Path, capsys: pytest.CaptureFixture[
     assert f": {expected_key(path)}: " in err, err
 
 
+@pytest.mark.parametrize("path", BAD, ids=[p.stem for p in BAD])
+def test_bad_config_reports_only_its_key(path: Path) -> None:
+    """Each bad config has one mistake, and that mistake is the only problem reported (no echo elsewhere)."""
+    with pytest.raises(ConfigError) as info:
+        load_config(path, environ={})
+    assert [key for key, _ in info.value.problems] == [expected_key(path)]
+
+
 def test_bad_config_problems_carry_key_paths() -> None:
     """ConfigError lists (key path, message) for every problem at once."""
     with pytest.raises(ConfigError) as info:
