@@ -38,6 +38,19 @@ cheap per request (``CHEAP_PIPELINES``) run on the event loop itself."""
 T = TypeVar("T")
 
 
+class CpuTaskFailed(BackendError):
+    """A batch's CPU task did not finish: its worker died (``timed_out`` False) or was killed for running
+    past ``task_timeout_s`` (True). One of the batch's requests may be the cause; the dispatcher retries
+    the others one by one (``PoolDispatcher``), in workers, where a hang can be stopped again."""
+
+    def __init__(self, message: str, *, timed_out: bool) -> None:
+        if timed_out:
+            super().__init__(message, retryable=False, status="INTERNAL")
+        else:
+            super().__init__(message, retryable=True, status="UNAVAILABLE")
+        self.timed_out = timed_out
+
+
 class CpuStage:
     """A bounded pool of CPU workers shared by every pool dispatcher."""
 
@@ -89,6 +102,7 @@ class CpuStage:
                 on_timeout=self._metrics.cpu_task_timeouts.inc,
             )
             self._processes.start()
+            self._metrics.cpu_workers_busy.set_function(self.busy_workers)
             if self.inline_max_requests:
                 self._inline = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hkgw-cpu-inline")
 
@@ -114,13 +128,26 @@ class CpuStage:
     def pids(self) -> list[int]:
         return self._processes.pids() if self._processes is not None else []
 
-    async def prepare(self, pipeline: str, spec: ModelSpec, requests: Sequence[pb.InferRequest]) -> Prepared:
+    def busy_workers(self) -> int:
+        """Worker processes running a task now (``hkgw_cpu_workers_busy``)."""
+        return self._processes.busy() if self._processes is not None else 0
+
+    async def prepare(
+        self,
+        pipeline: str,
+        spec: ModelSpec,
+        requests: Sequence[pb.InferRequest],
+        *,
+        in_worker: bool = False,
+    ) -> Prepared:
         """The batch's input tensors; call :meth:`release` once the backend call that used them is over.
 
         Run on the event loop or a local thread (see :meth:`_local`) with the requests as they are, or in a
         worker process: the requests serialized into an arena slot, the tensors written back there.
+        ``in_worker``: in a worker process whatever the batch (a retry of requests whose batch hung or
+        killed a worker: there the task timeout applies again, and a crash takes only a worker down).
         """
-        local = self._local(pipeline, requests, spec)
+        local = self._local(pipeline, requests, spec, in_worker)
         if local == "loop":
             return worker.prepare_requests(pipeline, spec, requests)
         if local == "thread":
@@ -164,11 +191,14 @@ class CpuStage:
         prepared: Prepared,
         outputs: Mapping[str, np.ndarray],
         requests: Sequence[pb.InferRequest],
+        *,
+        in_worker: bool = False,
     ) -> list[bytes]:
         """Per kept request, its outputs as response bytes. ``requests`` (the kept ones) decide where it
-        runs; they are not sent: what finish needs beyond the outputs travels in ``prepared.extras``."""
+        runs, with ``in_worker`` as in :meth:`prepare`; they are not sent: what finish needs beyond the
+        outputs travels in ``prepared.extras``."""
         light = worker.without_inputs(prepared)
-        local = self._local(pipeline, requests, prepared.spec)
+        local = self._local(pipeline, requests, prepared.spec, in_worker)
         if local == "loop":
             return worker.finish_batch(pipeline, light, outputs)
         if local == "thread":
@@ -176,7 +206,11 @@ class CpuStage:
         return await self._in_worker(worker.finish_batch, pipeline, light, outputs)
 
     def _local(
-        self, pipeline: str, requests: Sequence[pb.InferRequest], spec: ModelSpec | None
+        self,
+        pipeline: str,
+        requests: Sequence[pb.InferRequest],
+        spec: ModelSpec | None,
+        in_worker: bool = False,
     ) -> Literal["loop", "thread", ""]:
         """Where a batch runs in this process: "loop", "thread", or "" (a worker process).
 
@@ -187,8 +221,11 @@ class CpuStage:
         (``CHEAP_PIPELINES``, up to ``ON_LOOP_MAX_BYTES``), where a hand-off each way would cost more than
         the work and add its own latency. Image decoding (milliseconds) never runs there, nor a request
         big enough (thousands of candidates) to hold the loop up: small batches of those go to one local
-        thread. In ``thread`` mode everything else runs on the threads.
+        thread. In ``thread`` mode everything else runs on the threads; with ``in_worker``, everything runs
+        in a worker process when there are any.
         """
+        if in_worker and self._processes is not None:
+            return ""
         cheap = pipeline in CHEAP_PIPELINES
         if pipeline in LOOP_PIPELINES:
             if spec is not None and _fixed_width(spec):
@@ -230,11 +267,15 @@ class CpuStage:
         except BaseException as exc:
             self._give_back(lent)
             if isinstance(exc, TaskTimedOut):
-                # Not retried elsewhere: the same batch would most likely hang the next worker too.
-                raise BackendError(str(exc), retryable=False, status="INTERNAL") from exc
+                # Not rerouted: the same batch would most likely hang the next worker too (the dispatcher
+                # retries its requests one by one instead).
+                raise CpuTaskFailed(
+                    f"processing ran past the gateway's CPU task_timeout_s ({self.task_timeout_s:g} s)",
+                    timed_out=True,
+                ) from exc
             if isinstance(exc, WorkerDied):
-                raise BackendError(
-                    "CPU worker died; batch not processed", retryable=True, status="UNAVAILABLE"
+                raise CpuTaskFailed(
+                    "a gateway CPU worker died while processing the batch", timed_out=False
                 ) from exc
             raise
         return result

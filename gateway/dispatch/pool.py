@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Final, Literal
 
 import numpy as np
 import structlog
@@ -24,7 +26,7 @@ import structlog
 from edgewire import labels, pb
 from gateway.config import PoolDispatch
 from gateway.dispatch.breaker import BreakerState, CircuitBreaker
-from gateway.dispatch.cpu import CpuStage
+from gateway.dispatch.cpu import CpuStage, CpuTaskFailed
 from gateway.dispatch.work import PRIORITY_ORDER, WorkItem
 from gateway.ops.metrics import GatewayMetrics
 from inference.backends.base import Backend, BackendError, BackendHealth, InferCall, InferResult, ModelSpec
@@ -39,6 +41,50 @@ log = structlog.get_logger("gateway.dispatch")
 Respond = Callable[[WorkItem, pb.InferResponse, bytes], None]
 Reroute = Callable[[WorkItem, str], bool]  # (item, failed pool) -> True when another pool took it
 Observe = Callable[[WorkItem, float], None]  # (item, service seconds): feeds routing's latency calibration
+Stage = Literal["prepare", "infer", "finish"]
+ISOLATED_STATUSES: Final = frozenset({"INVALID_ARGUMENT", "INTERNAL"})
+"""Final backend errors that one request of a batch can cause (an input the server refuses, a model run
+that fails on it): a batch failing with one is served apart to find that request."""
+_DOING: Final[dict[Stage, str]] = {
+    "prepare": "preparing",
+    "infer": "running the model on",
+    "finish": "post-processing",
+}
+MAX_ERROR_CHARS: Final = 512
+_OBJECT_REPR = re.compile(r"\s*<[^<>]* at 0x[0-9a-fA-F]+>")
+
+
+def batch_limit(pool_max: int, spec: ModelSpec | None) -> int:
+    """Requests per batch for a model: the pool's ``max_batch_size``, cut to the model's own (1 for a model
+    that does not batch). The gateway's batching must never make a valid request too large."""
+    if spec is None:
+        return pool_max
+    if spec.max_batch_size <= 0:
+        return 1
+    return min(pool_max, spec.max_batch_size)
+
+
+def for_operator(message: str) -> str:
+    """An error message as an agent's operator reads it: one line, no Python object reprs, bounded."""
+    lines = message.strip().splitlines()
+    if not lines or lines[0].startswith("Traceback"):
+        return "internal error; the gateway logged it"
+    return _OBJECT_REPR.sub("", lines[0])[:MAX_ERROR_CHARS]
+
+
+@dataclass(slots=True)
+class _Failed:
+    """A stage failed a batch in a way one of its requests may have caused: its requests are served apart.
+
+    ``answer`` is what a request failing so on its own is answered with; ``singly``: a CPU task hung or
+    killed its worker, so each request is retried once on its own (else the batch is split in halves).
+    """
+
+    items: list[WorkItem]
+    stage: Stage
+    error: BaseException
+    answer: BackendError
+    singly: bool = False
 
 
 @dataclass(slots=True)
@@ -242,9 +288,10 @@ class PoolDispatcher:
         spec = self._spec(key[0], key[1])
         if spec is not None and spec.server_batching:
             return 1
+        limit = batch_limit(self._max_batch, spec)
         n = len(queue)
-        if n >= self._max_batch:
-            return self._max_batch
+        if n >= limit:
+            return limit
         fitting = [p for p in self._preferred if p <= n]
         if fitting:
             return fitting[-1]
@@ -294,13 +341,18 @@ class PoolDispatcher:
         self._inflight.discard(task)
         self._schedule_pass()
         if not task.cancelled() and task.exception() is not None:
-            log.error("batch task failed", pool=self.name, error=repr(task.exception()))
+            log.error("batch task failed", pool=self.name, exc_info=task.exception())
 
     def _expire(self, items: list[WorkItem], now: float) -> list[WorkItem]:
-        live = []
         waited = self._metrics.child(self._metrics.queue_wait, self.name)
         for item in items:
             waited.observe(now - item.enqueued)
+        return self._unexpired(items, now)
+
+    def _unexpired(self, items: list[WorkItem], now: float) -> list[WorkItem]:
+        """The items whose deadline has not passed; the others are answered DEADLINE_EXCEEDED."""
+        live = []
+        for item in items:
             if item.deadline is not None and item.deadline <= now:
                 self._metrics.child(self._metrics.shed, self.name, "deadline").inc()
                 self._answer_status(item, "DEADLINE_EXCEEDED", "deadline passed in queue")
@@ -325,51 +377,163 @@ class PoolDispatcher:
                 self._answer_status(item, "INTERNAL", "internal error while serving the batch")
 
     async def _serve_batch(self, items: list[WorkItem]) -> None:
+        failed = await self._attempt(items, retried=False)
+        if failed is not None:
+            await self._apart(failed)
+
+    async def _attempt(self, items: list[WorkItem], *, retried: bool) -> _Failed | None:
+        """Serve one batch: prepare, backend call, finish, answers. Returns what failed it when one of its
+        requests may be the cause (the caller serves them apart); every other outcome is answered here.
+        ``retried``: the requests are a retry of a batch whose CPU task hung or died (they run in worker
+        processes and are not retried again)."""
         now = time.monotonic()
         model, version = items[0].model, items[0].version
         spec = self._spec(model, version)
         if spec is None:
             for item in items:
                 self._answer_status(item, "MODEL_NOT_FOUND", f"{self.name} does not serve it")
-            return
+            return None
         if not self.breaker.allow(now):
             self._fail(items, BackendError("circuit breaker open", retryable=True, status="UNAVAILABLE"))
-            return
+            return None
         requests = [item.request for item in items]
         t_pre = time.perf_counter()
         try:
-            prepared = await self._cpu.prepare(spec.pipeline, spec, requests)
-        except BackendError as exc:  # the CPU stage lost a worker: not the backend's fault
-            self._fail(items, exc)
-            return
+            prepared = await self._cpu.prepare(spec.pipeline, spec, requests, in_worker=retried)
+        except Exception as exc:  # noqa: BLE001  (answered: by _cpu_failed, or apart)
+            return self._cpu_failed(items, "prepare", exc, retried)
         t_infer = time.perf_counter()
         try:
             outcome = await self._call_backend(items, prepared, spec, t_infer)
         finally:
             self._cpu.release(prepared)
-        if outcome is None:
-            return
+        if outcome is None or isinstance(outcome, _Failed):
+            return outcome
         result, kept, t_post = outcome
         try:
             outputs = await self._cpu.finish(
-                spec.pipeline, prepared, result.outputs, [requests[i] for i in prepared.kept]
+                spec.pipeline,
+                prepared,
+                result.outputs,
+                [requests[i] for i in prepared.kept],
+                in_worker=retried,
             )
-        except BackendError as exc:
-            self._fail(kept, exc)
-            return
+        except Exception as exc:  # noqa: BLE001  (answered: by _cpu_failed, or apart)
+            return self._cpu_failed(kept, "finish", exc, retried)
         timing = pb.ServerTiming(
             preprocess_us=int((t_infer - t_pre) * 1e6),
             infer_us=int((t_post - t_infer) * 1e6),
             postprocess_us=int((time.perf_counter() - t_post) * 1e6),
         )
         self._answer(kept, outputs, model, result.model_version, timing, started=now)
+        return None
+
+    def _cpu_failed(
+        self, items: list[WorkItem], stage: Stage, exc: Exception, retried: bool
+    ) -> _Failed | None:
+        """The CPU stage raised ``exc`` for a batch: a hung or dead task (its requests retried one by one,
+        once), a pipeline raising on some input (served apart), or the stage closing (answered)."""
+        if isinstance(exc, CpuTaskFailed):
+            if retried or len(items) == 1:
+                self._fail(items, exc)
+                return None
+            return _Failed(items, stage, exc, exc, singly=True)
+        if isinstance(exc, BackendError):  # the CPU stage is closed: nothing to do with the requests
+            self._fail(items, exc)
+            return None
+        answer = BackendError(
+            f"internal error while {_DOING[stage]} this request; the gateway logged it",
+            retryable=False,
+            status="INTERNAL",
+        )
+        return _Failed(items, stage, exc, answer)
+
+    async def _apart(self, failed: _Failed) -> None:
+        """Serve apart the requests of a batch that one of them may have failed, so that it fails alone.
+
+        A CPU task that hung or killed its worker: every request once more on its own, in worker processes,
+        ``cpu.workers`` at a time (the one that hung hangs again, is killed again and fails alone; the rest
+        are served). Any other such failure: the batch is split in halves, both halves are served, and the
+        halves that fail again are split in turn, down to single requests, each answered with the error
+        it fails with alone. Halves are served breadth first, so a half that succeeds comes between two that
+        fail: the breaker (consecutive failures) is not opened by one bad request, and opens as before for
+        a backend that fails everything. At most 2n - 1 attempts for n requests; each split is counted in
+        ``hkgw_batch_isolations_total{how="split"}``, each retry one by one as ``how="singly"``.
+        """
+        if len(failed.items) == 1:
+            self._failed_alone(failed, first=True)
+            return
+        log.error(
+            "batch failed; serving its requests apart",
+            pool=self.name,
+            stage=failed.stage,
+            requests=len(failed.items),
+            how="singly" if failed.singly else "split",
+            exc_info=failed.error,
+        )
+        if failed.singly:
+            self._metrics.child(self._metrics.batch_isolations, self.name, failed.stage, "singly").inc()
+            await self._one_by_one(failed.items)
+            return
+        pending = [failed]
+        while pending:
+            again: list[_Failed] = []
+            for part in pending:
+                if len(part.items) == 1:
+                    self._failed_alone(part)
+                    continue
+                self._metrics.child(self._metrics.batch_isolations, self.name, part.stage, "split").inc()
+                middle = len(part.items) // 2
+                for half in (part.items[:middle], part.items[middle:]):
+                    live = self._unexpired(half, time.monotonic())
+                    outcome = await self._attempt(live, retried=False) if live else None
+                    if outcome is not None:
+                        if outcome.singly:  # a half's CPU task hung: no more splits, one by one
+                            self._metrics.child(
+                                self._metrics.batch_isolations, self.name, outcome.stage, "singly"
+                            ).inc()
+                            await self._one_by_one(outcome.items)
+                        else:
+                            again.append(outcome)
+            pending = again
+
+    async def _one_by_one(self, items: list[WorkItem]) -> None:
+        """Serve each item as a batch of its own, once, in worker processes, ``cpu.workers`` at a time."""
+        slots = asyncio.Semaphore(max(1, self._cpu.workers))
+
+        async def alone(item: WorkItem) -> None:
+            async with slots:
+                if self._unexpired([item], time.monotonic()):
+                    outcome = await self._attempt([item], retried=True)
+                    if outcome is not None:
+                        self._failed_alone(outcome)
+
+        results = await asyncio.gather(*(alone(item) for item in items), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0]
+
+    def _failed_alone(self, failed: _Failed, *, first: bool = False) -> None:
+        """A request that failed a batch of its own: answered with its stage's error (or rerouted).
+        ``first``: it was alone from the start (its traceback is logged here, not with a batch's)."""
+        item = failed.items[0]
+        log.warning(
+            "request failed alone",
+            pool=self.name,
+            stage=failed.stage,
+            model=item.model,
+            agent=item.agent_id,
+            error=f"{type(failed.error).__name__}: {failed.error}",
+            exc_info=failed.error if first else None,
+        )
+        self._fail(failed.items, failed.answer)
 
     async def _call_backend(
         self, items: list[WorkItem], prepared: Prepared, spec: ModelSpec, t_infer: float
-    ) -> tuple[InferResult, list[WorkItem], float] | None:
+    ) -> tuple[InferResult, list[WorkItem], float] | _Failed | None:
         """The backend call for a prepared batch (started at ``t_infer``): (result, the requests it served,
-        when it returned), or None when every request was answered otherwise (rejected inputs, a failed
-        call)."""
+        when it returned); what failed it when one request may be the cause; or None when every request
+        was answered otherwise (rejected inputs, a failed call)."""
         model, version = items[0].model, items[0].version
         self._reject_inputs(items, prepared, spec)
         if not prepared.kept:
@@ -388,13 +552,20 @@ class PoolDispatcher:
             result = await self._infer(call, spec)
         except BackendError as exc:
             self._account_failure(exc, time.perf_counter() - t_infer)
+            if _isolable(exc):
+                return _Failed(kept, "infer", exc, exc)
             self._fail(kept, exc)
             return None
-        except Exception as exc:  # a backend bug must not take the pool down; it counts as a failure
-            log.exception("backend raised", pool=self.name, backend=self.backend.name)
-            self._account_failure(BackendError(repr(exc), retryable=True), time.perf_counter() - t_infer)
-            self._fail(kept, BackendError(f"backend error: {exc!r}", retryable=True, status="INTERNAL"))
-            return None
+        except Exception as exc:  # noqa: BLE001  (a backend bug must not take the pool down: counted, apart)
+            self._account_failure(
+                BackendError(type(exc).__name__, retryable=True), time.perf_counter() - t_infer
+            )
+            answer = BackendError(
+                f"internal error in backend {self.backend.name}; the gateway logged it",
+                retryable=True,
+                status="INTERNAL",
+            )
+            return _Failed(kept, "infer", exc, answer)
         t_post = time.perf_counter()
         self._succeeded(t_post - t_infer, len(kept))
         if self._observe is not None:
@@ -506,6 +677,11 @@ class PoolDispatcher:
         return pb.InferResponse(
             request_id=item.request.request_id,
             status=labels.STATUS_BY_LABEL.get(status.lower(), pb.STATUS_INTERNAL),
-            error_message=message,
+            error_message=for_operator(message),
             model_name=item.model,
         )
+
+
+def _isolable(exc: BackendError) -> bool:
+    """A backend error one request of the batch may have caused (see ``ISOLATED_STATUSES``)."""
+    return not exc.retryable and not exc.overloaded and exc.status in ISOLATED_STATUSES

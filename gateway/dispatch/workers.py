@@ -97,7 +97,9 @@ def serve(conn: multiprocessing.connection.Connection, initializer: Callable[[],
         except (EOFError, OSError):
             return
         except Exception as exc:  # noqa: BLE001  (an unpicklable result or error: the caller is told)
-            conn.send((number, False, RuntimeError(f"task result could not be sent: {exc!r}")))
+            conn.send(
+                (number, False, RuntimeError(f"task result could not be sent: {type(exc).__name__}: {exc}"))
+            )
 
 
 class WorkerPool:
@@ -182,6 +184,10 @@ class WorkerPool:
 
     def pids(self) -> list[int]:
         return sorted(w.process.pid for w in self._workers if w.alive and w.process.pid is not None)
+
+    def busy(self) -> int:
+        """Workers with a task written to them and not yet answered."""
+        return sum(1 for w in self._workers if w.alive and w.tasks)
 
     def submit(
         self, fn: Callable[..., Any], *args: Any, on_abandoned: Callable[[], None] | None = None

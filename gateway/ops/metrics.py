@@ -218,6 +218,16 @@ class GatewayMetrics:
             "CPU stage tasks that ran past [cpu] task_timeout_s (their worker was killed and replaced)",
             registry=r,
         )
+        self.cpu_workers_busy = Gauge(
+            f"{NS}_cpu_workers_busy", "CPU worker processes running a task now", registry=r
+        )
+        self.batch_isolations = Counter(
+            f"{NS}_batch_isolations",
+            "Batches served apart after one of their requests may have failed them, by pool, stage "
+            "(prepare, infer, finish) and how (split: into halves; singly: each request retried alone)",
+            ["pool", "stage", "how"],
+            registry=r,
+        )
         self.cpu_arena_fallbacks = Counter(
             f"{NS}_cpu_arena_fallbacks",
             "Prepared batches returned through the pipe instead of shared memory, by reason",

@@ -12,12 +12,15 @@ from collections.abc import Mapping, Sequence
 from typing import Final
 
 import numpy as np
-from PIL import Image
 
 from edgewire import pb
+from edgewire.extras import optional_dependency
 from inference.backends.base import ModelSpec
 from inference.pipeline.base import Prepared
 from inference.pipeline.tensor import InvalidInput, Rejected, encode_bytes, tensor_from_array
+
+with optional_dependency("agent-local", "gateway"):
+    from PIL import Image, UnidentifiedImageError
 
 MAX_PIXELS: Final = 40_000_000
 """Largest image decoded, checked from the header before decoding (a decompression bomb is refused)."""
@@ -60,6 +63,10 @@ def decode_image(image: pb.ImageInput, size: int) -> np.ndarray:
                     f"decoded {opened.size[0]}x{opened.size[1]}, declared {width}x{height}",
                 )
             return _fit(opened.convert("RGB"), size)
+    except (
+        UnidentifiedImageError
+    ):  # its message is "cannot identify image file <_io.BytesIO object at 0x...>"
+        raise Rejected(InvalidInput.BAD_IMAGE, f"not a decodable {' or '.join(formats)} image") from None
     except _DECODE_ERRORS as exc:
         raise Rejected(InvalidInput.BAD_IMAGE, f"cannot decode: {exc}") from None
 

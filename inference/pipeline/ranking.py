@@ -43,6 +43,8 @@ class DenseNorm:
     mean: np.ndarray  # float32 per column
     std: np.ndarray
     clip: float
+    low: np.ndarray  # float32 per column: mean - clip * std, the value that normalises to -clip
+    high: np.ndarray  # mean + clip * std
 
     @classmethod
     def of(cls, params: Mapping[str, str], prefix: str, width: int) -> DenseNorm | None:
@@ -62,12 +64,17 @@ class DenseNorm:
         if any(s <= 0 for s in std):
             raise ValueError(f"{names[2]}: every value must be positive")
         clip = float(params.get("dense_clip", "8"))
-        return cls(log1p, np.asarray(mean, dtype=np.float32), np.asarray(std, dtype=np.float32), clip)
+        centre, scale = np.asarray(mean, dtype=np.float64), np.asarray(std, dtype=np.float64)
+        low = (centre - clip * scale).astype(np.float32)
+        high = (centre + clip * scale).astype(np.float32)
+        return cls(log1p, centre.astype(np.float32), scale.astype(np.float32), clip, low, high)
 
     def apply(self, block: np.ndarray) -> np.ndarray:
-        """The normalised copy of a (rows, width) float32 block, in a few whole-array operations."""
+        """The normalised copy of a (rows, width) float32 block of finite values, in a few whole-array
+        operations. Values are clipped to [low, high] before they are standardised, not after: a huge
+        finite value (3e38) would overflow float32 in the division, where clipped first it cannot."""
         out = np.where(self.log1p, np.sign(block) * np.log1p(np.abs(block)), block)
-        out = (out - self.mean) / self.std
+        out = (np.clip(out, self.low, self.high) - self.mean) / self.std
         clipped: np.ndarray = np.clip(out, -self.clip, self.clip).astype(np.float32, copy=False)
         return clipped
 
@@ -178,8 +185,6 @@ class RankingPipeline:
         # request: joined and read by numpy once per batch, not once per request.
         candidates: list[bytes | np.ndarray] = []
         users: list[bytes | np.ndarray] = []
-        tags: list[int] = []  # kept request number * buckets + tag bucket, one per tag
-        buckets = layout.tag_buckets
         counts: list[int] = []
         kept: list[int] = []
         rejected: dict[int, tuple[str, str]] = {}
@@ -199,18 +204,26 @@ class RankingPipeline:
             candidate_dense, user_dense = dense_parts(r)
             candidates.append(candidate_dense)
             users.append(user_dense)
-            # The kept request's number and each tag's bucket: one bincount below counts them all.
-            tags.extend(len(kept) * buckets + tag_bucket(t, buckets) for t in r.categorical_tags)
             counts.append(n)
             kept.append(index)
+        c, u, buckets = layout.candidate_width, layout.user_width, layout.tag_buckets
+        candidate_block = packed_floats32(candidates).reshape(-1, c)
+        user_block = packed_floats32(users).reshape(-1, u)
+        if kept:
+            candidate_block, user_block, kept, counts = _drop_non_finite(
+                candidate_block, user_block, kept, counts, rejected
+            )
         rows = int(sum(counts))
         features = np.empty((rows, layout.width), dtype=np.float32)
         inputs = {layout.input_name: features}
         if kept:
-            c, u = layout.candidate_width, layout.user_width
             repeats = np.asarray(counts)
-            candidate_block = packed_floats32(candidates).reshape(rows, c)
-            user_block = packed_floats32(users).reshape(len(kept), u)
+            # The kept request's number and each tag's bucket: one bincount counts them all.
+            tags = [
+                number * buckets + tag_bucket(t, buckets)
+                for number, index in enumerate(kept)
+                for t in requests[index].ranking.categorical_tags
+            ]
             if layout.candidate_norm is not None:
                 candidate_block = layout.candidate_norm.apply(candidate_block)
             if layout.user_norm is not None:
@@ -310,6 +323,38 @@ def top_k_orders(
     rank = np.arange(len(order)) - np.repeat(np.cumsum(n) - n, n)
     chosen: np.ndarray = order[rank < np.repeat(wanted, n)]
     return chosen, wanted
+
+
+def _drop_non_finite(
+    candidate_block: np.ndarray,
+    user_block: np.ndarray,
+    kept: list[int],
+    counts: list[int],
+    rejected: dict[int, tuple[str, str]],
+) -> tuple[np.ndarray, np.ndarray, list[int], list[int]]:
+    """The blocks, kept requests and counts without the requests whose dense features hold a NaN or an
+    infinity (those go to ``rejected`` as ``bad_features``): a model scores them as garbage, and the
+    normalisation would compute with them. One pass over each block; the rest only when one is found."""
+    finite_rows = np.isfinite(candidate_block).all(axis=1)
+    finite_users = np.isfinite(user_block).all(axis=1)
+    if finite_rows.all() and finite_users.all():
+        return candidate_block, user_block, kept, counts
+    sizes = np.asarray(counts, dtype=np.int64)
+    finite_candidates = np.logical_and.reduceat(finite_rows, np.cumsum(sizes) - sizes)
+    good = finite_candidates & finite_users
+    for number in np.flatnonzero(~good).tolist():
+        field = "candidate_dense" if not finite_candidates[number] else "user_dense"
+        rejected[kept[number]] = (
+            InvalidInput.BAD_FEATURES,
+            f"{field} holds NaN or infinity; every feature value must be finite",
+        )
+    chosen = good.tolist()
+    return (
+        candidate_block[np.repeat(good, sizes)],
+        user_block[good],
+        [index for index, keep in zip(kept, chosen, strict=True) if keep],
+        [count for count, keep in zip(counts, chosen, strict=True) if keep],
+    )
 
 
 def _feature_problem(r: pb.RankingFeatures, layout: RankingLayout) -> str:

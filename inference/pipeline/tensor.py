@@ -68,6 +68,8 @@ DATATYPE_BY_DTYPE: Final[Mapping[str, pb.DataType.ValueType]] = {
 }
 """Numpy dtype name (as in :class:`~inference.backends.base.TensorSpec`) -> wire DataType."""
 
+MAX_DIMS: Final = 64
+"""The most dims a wire tensor may have: numpy's limit (a tensor with more is refused, never reshaped)."""
 _LENGTH = np.dtype("<u4")
 # By the dtype itself: ``dtype.name`` is computed in Python on every access, a few microseconds per tensor.
 _DATATYPE_OF_DTYPE: Final[Mapping[np.dtype, pb.DataType.ValueType]] = {
@@ -96,6 +98,8 @@ def array_from_tensor(tensor: pb.Tensor) -> np.ndarray:
     if dtype is None:
         raise TensorDecodeError(f"tensor {tensor.name!r}: datatype {tensor.datatype} is not supported")
     shape = tuple(tensor.shape)
+    if len(shape) > MAX_DIMS:
+        raise TensorDecodeError(f"tensor {tensor.name!r}: {len(shape)} dims, at most {MAX_DIMS}")
     if any(d < 0 for d in shape):
         raise TensorDecodeError(f"tensor {tensor.name!r}: negative dim in shape {list(shape)}")
     count = math.prod(shape)  # Python ints: a huge shape must not wrap around to a small count
@@ -143,7 +147,8 @@ def batch_slices(counts: Sequence[int]) -> list[slice]:
 class TensorPipeline:
     """KServe-style requests: ``InferRequest.inputs`` decoded, checked against the spec and stacked.
 
-    Each request's tensors carry their own batch dim (shape ``[rows, *dims]``); a model with
+    Each request's tensors carry their own batch dim (shape ``[rows, *dims]``, at most ``max_batch_size``
+    rows; a batch may hold more rows than that, the dispatcher cuts its backend calls); a model with
     ``max_batch_size`` 0 takes its dims as the full shape and serves one request per batch. Variable dims
     (-1) must agree across a batch, since a generic tensor cannot be padded without knowing the model: a
     request that disagrees with the first kept one is dropped as ``ragged_batch`` (the batcher should group
@@ -172,8 +177,13 @@ class TensorPipeline:
             if shapes and any(a.shape[1:] != shapes[n] for n, a in arrays.items()):
                 rejected[index] = (InvalidInput.RAGGED_BATCH, "input dims differ from the batch's")
                 continue
-            if batched and sum(counts) + rows > spec.max_batch_size:
-                rejected[index] = (InvalidInput.TOO_LARGE, f"batch would exceed {spec.max_batch_size} rows")
+            if batched and rows > spec.max_batch_size:
+                # Only a request too large on its own: a batch of more rows than the model takes is the
+                # batcher's doing, and the dispatcher sends it in several calls.
+                rejected[index] = (
+                    InvalidInput.TOO_LARGE,
+                    f"{rows} rows, the model takes at most {spec.max_batch_size}",
+                )
                 continue
             shapes = {n: a.shape[1:] for n, a in arrays.items()}
             for name, array in arrays.items():
@@ -209,6 +219,13 @@ def _decode_inputs(
         tensor = by_name.get(want.name)
         if tensor is None:
             raise Rejected(InvalidInput.MISSING_INPUT, f"input {want.name!r} missing")
+        rank = len(want.dims) + batched
+        if len(tensor.shape) != rank:  # before decoding: numpy refuses some shapes (over 64 dims) outright
+            raise Rejected(
+                InvalidInput.BAD_TENSOR,
+                f"input {want.name!r}: shape of {len(tensor.shape)} dims, the model takes {rank} "
+                f"({'batch dim, then ' if batched else ''}dims {list(want.dims)})",
+            )
         wire = DTYPE_BY_DATATYPE.get(tensor.datatype)
         if wire is not None and wire.name != np.dtype(want.dtype).name:  # refused before a byte is decoded
             raise Rejected(

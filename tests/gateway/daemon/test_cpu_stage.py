@@ -64,9 +64,7 @@ async def test_dead_worker_is_replaced_and_its_batch_answered(models_dir: Path) 
 
 def hang() -> None:
     """A CPU task that never finishes on its own (a decoder spinning on a pathological input)."""
-    import time
-
-    time.sleep(600)
+    threading.Event().wait()
 
 
 async def test_a_hung_task_fails_its_batch_for_good_and_gives_its_slot_back() -> None:
@@ -167,13 +165,15 @@ async def test_a_cancelled_prepare_keeps_its_slot_until_the_worker_has_finished_
     try:
         await stage.warm_up()
         task = asyncio.create_task(stage.prepare(spec.pipeline, spec, requests))
-        await asyncio.sleep(0.1)  # the worker has the batch and is decoding
+        await wait_for(lambda: stage.busy_workers() == 1, what="the worker has the batch")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         assert stage.arena is not None
         assert stage.arena.free == 0
+        assert stage.busy_workers() == 1  # still decoding: the slot stays lent
         await wait_for(lambda: stage.arena is not None and stage.arena.free == 1, timeout_s=30)
+        assert stage.busy_workers() == 0
     finally:
         stage.close()
 

@@ -103,6 +103,23 @@ def test_malformed_image_is_rejected_and_the_rest_served(
     np.testing.assert_allclose(prepared.inputs["pixels"][1], reference_pixels(good), atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "request_",
+    [
+        image_request(b"\xff\xd8\xff\xe0 not really a jpeg", 224, 224),
+        image_request(b"GIF89a not a format the gateway takes", 224, 224),
+        image_request(jpeg(224, 224), 224, 224, pb.IMAGE_FORMAT_PNG),
+    ],
+    ids=["garbage", "gif", "wrong_format"],
+)
+def test_an_undecodable_image_is_refused_in_plain_words(request_: pb.InferRequest) -> None:
+    """The detail an agent's operator reads names the formats tried, never a Python object's repr."""
+    prepared = ImagePipeline().prepare([request_], SPEC)
+    label, detail = prepared.rejected[0]
+    assert label == InvalidInput.BAD_IMAGE
+    assert "0x" not in detail and "object" not in detail and "BytesIO" not in detail, detail
+
+
 def test_probabilities_and_label_of_the_argmax() -> None:
     """finish gives softmax probabilities and the name of the most likely class as KServe BYTES."""
     requests = [image_request(jpeg(224, 224), 224, 224), image_request(jpeg(224, 224, seed=2), 224, 224)]

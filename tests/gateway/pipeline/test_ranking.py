@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 import zlib
 
 import numpy as np
@@ -97,6 +98,47 @@ def test_normalisation_clips_outliers() -> None:
     assert np.isfinite(features).all()
     assert features[0, 0] == pytest.approx(min((math.log1p(1e9) - 3.25) / 0.85, 8.0))
     assert features[0, 8 + 15] == -8.0
+
+
+def test_the_largest_finite_features_normalise_without_overflow() -> None:
+    """Features at float32's limits clip to dense_clip with no overflow along the way (no RuntimeWarning):
+    they are clipped before they are standardised."""
+    requests = synthetic("rank-mlp", 2)
+    biggest = float(np.finfo(np.float32).max)
+    requests[0].ranking.candidate_dense[1] = biggest  # a column without log1p, std 0.16
+    requests[0].ranking.user_dense[0] = -biggest  # std 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        prepared = RankingPipeline().prepare(requests, SPEC)
+    features = prepared.inputs["features"]
+    assert prepared.kept == [0, 1]
+    assert features[0, 1] == 8.0
+    assert features[0, 8] == -8.0
+    np.testing.assert_allclose(features[prepared.rows[1]], reference_rows(requests[1:]), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_a_request_with_a_nan_or_infinite_feature_is_refused_alone(value: float) -> None:
+    """A NaN or an infinity among a request's candidate or user features: that request is bad_features,
+    naming the field; the requests around it are served with their own rows and tags."""
+    requests = synthetic("rank-mlp", 4)
+    requests[1].ranking.candidate_dense[3] = value
+    requests[2].ranking.user_dense[0] = value
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        prepared = RankingPipeline().prepare(requests, SPEC)
+    assert prepared.kept == [0, 3]
+    assert {i: label for i, (label, _) in prepared.rejected.items()} == {
+        1: InvalidInput.BAD_FEATURES,
+        2: InvalidInput.BAD_FEATURES,
+    }
+    assert prepared.rejected[1][1].startswith("candidate_dense holds NaN or infinity")
+    assert prepared.rejected[2][1].startswith("user_dense holds NaN or infinity")
+    kept = [requests[0], requests[3]]
+    np.testing.assert_allclose(prepared.inputs["features"], reference_rows(kept), rtol=1e-5, atol=1e-6)
+    sizes = [len(r.ranking.candidate_item_ids) for r in kept]
+    assert [(s.start, s.stop) for s in prepared.rows] == [(0, sizes[0]), (sizes[0], sum(sizes))]
+    assert prepared.extras["top_k"].tolist() == [r.ranking.top_k for r in kept]
 
 
 def test_rows_slice_each_requests_candidates() -> None:

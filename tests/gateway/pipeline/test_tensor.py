@@ -209,3 +209,28 @@ def test_a_shape_too_large_to_count_is_refused_alone() -> None:
     prepared = TensorPipeline().prepare([request, good_request(1)], SPEC)
     assert prepared.kept == [1]
     assert prepared.rejected[0][0] == InvalidInput.BAD_TENSOR
+
+
+def test_a_shape_of_more_dims_than_numpy_takes_is_refused_alone() -> None:
+    """A tensor of 65 dims whose bytes match its element count is that request's bad_tensor (numpy takes
+    at most 64 dims), never an error of the batch; the same shape is refused by array_from_tensor too."""
+    shape = [1] * 64 + [4]
+    deep = pb.Tensor(name="x", datatype=pb.DATA_TYPE_FP32, shape=shape, raw_data=bytes(16))
+    request = tensor_request(deep, tensor_from_array("ids", np.zeros((1, 3), dtype=np.int64)))
+    prepared = TensorPipeline().prepare([good_request(1), request, good_request(2)], SPEC)
+    assert prepared.kept == [0, 2]
+    label, detail = prepared.rejected[1]
+    assert label == InvalidInput.BAD_TENSOR and "65 dims" in detail
+    with pytest.raises(TensorDecodeError, match="65 dims, at most 64"):
+        array_from_tensor(deep)
+
+
+def test_a_batch_of_more_rows_than_the_model_takes_is_kept_whole() -> None:
+    """Requests that fit the model's max_batch_size (8) each are all kept though their rows add up to more
+    (the dispatcher cuts its backend calls); only a request over the limit on its own is too_large."""
+    requests = [good_request(5, seed=1), good_request(5, seed=2), good_request(9, seed=3)]
+    prepared = TensorPipeline().prepare(requests, SPEC)
+    assert prepared.kept == [0, 1]
+    assert prepared.inputs["x"].shape == (10, 4)
+    label, detail = prepared.rejected[2]
+    assert label == InvalidInput.TOO_LARGE and detail == "9 rows, the model takes at most 8"
