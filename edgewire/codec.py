@@ -34,6 +34,8 @@ PROBE_MIN_BYTES: Final = 256 << 10
 so the sender does not compress megabytes of tensors to find they do not shrink; slices from all over the
 payload keep a batch that mixes JPEG bytes and features from being judged by its JPEG bytes alone."""
 _PROBE_SLICES: Final = 8
+ZSTD_MAGIC: Final = b"\x28\xb5\x2f\xfd"
+"""The first four bytes of a zstd frame (RFC 8878); a skippable frame (``5? 2a 4d 18``) is not one."""
 _PROBE_SLICE: Final = 6 << 10
 
 Buffer = bytes | bytearray | memoryview
@@ -306,6 +308,12 @@ class FrameCodec:
 
     def _decompress(self, envelope: pb.Envelope, body: Buffer) -> bytes:
         declared = envelope.uncompressed_length
+        # libzstd reads a skippable frame's content size as 0: without this check such a payload would be
+        # refused as a length mismatch, which names the wrong fault.
+        if bytes(body[:4]) != ZSTD_MAGIC:
+            raise FrameError(
+                pb.REJECT_REASON_DECOMPRESSION_FAILED, "frame 1 does not start with a zstd frame"
+            )
         try:
             content_size = zstd.frame_content_size(body)
             window = zstd.get_frame_parameters(body).window_size

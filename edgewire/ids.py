@@ -13,7 +13,12 @@ def new_id() -> bytes:
 
 
 def id_from_parts(unix_ms: int, random_bits: int) -> bytes:
-    """A UUIDv7 built from a given millisecond timestamp and 74 random bits (for deterministic traffic)."""
+    """A UUIDv7 built from a given millisecond timestamp and 74 random bits (for deterministic traffic).
+
+    Big-endian: bits 127-80 are ``unix_ms`` modulo 2**48, 79-76 the version 7, 75-64 ``rand_a`` = bits
+    73-62 of ``random_bits``, 63-62 the variant ``10``, 61-0 ``rand_b`` = bits 61-0 of ``random_bits``; bits
+    of ``random_bits`` above 73 are ignored (docs/PROTOCOL.md section 9).
+    """
     ts = unix_ms & ((1 << 48) - 1)
     rand_a = (random_bits >> 62) & 0xFFF
     rand_b = random_bits & ((1 << 62) - 1)
