@@ -3,17 +3,20 @@
 The caller opens the database (``geoip2.database.Reader(path)``, path from ``routing.geoip_db``) and
 hands the reader in; reading a record is an in-memory lookup. Every answer is one of
 :data:`routing.regions.REGION_NAMES`, so it is safe as a metric label.
+
+geoip2 is imported only with a reader in hand (which only a host that has it can make), so importing
+``routing`` needs no geoip2: an edge agent, which resolves no addresses, does not install it.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from typing import Literal
-
-import geoip2.database
-import geoip2.errors
+from typing import TYPE_CHECKING, Literal
 
 from routing.regions import REGION_NAMES, UNKNOWN_REGION, region_for_location
+
+if TYPE_CHECKING:
+    import geoip2.database
 
 _Lookup = Literal["city", "country", "enterprise"]
 
@@ -38,12 +41,16 @@ class RegionResolver:
     Private, loopback and unparsable addresses and addresses missing from the database are ``unknown``.
     """
 
-    __slots__ = ("_lookup", "_reader")
+    __slots__ = ("_lookup", "_not_found", "_reader")
 
     def __init__(self, reader: geoip2.database.Reader | None = None) -> None:
         self._reader = reader
         self._lookup: _Lookup = "country"
+        self._not_found: tuple[type[Exception], ...] = ()
         if reader is not None:
+            import geoip2.errors
+
+            self._not_found = (geoip2.errors.AddressNotFoundError,)
             db_type = reader.metadata().database_type
             if "Enterprise" in db_type:
                 self._lookup = "enterprise"
@@ -77,7 +84,7 @@ class RegionResolver:
                     rec.continent.code, rec.country.iso_code or rec.registered_country.iso_code
                 )
             city = self._reader.city(ip) if self._lookup == "city" else self._reader.enterprise(ip)
-        except geoip2.errors.AddressNotFoundError:
+        except self._not_found:
             return UNKNOWN_REGION
         return region_for_location(
             city.continent.code,

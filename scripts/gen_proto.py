@@ -2,6 +2,11 @@
 
 python scripts/gen_proto.py          # regenerate
 python scripts/gen_proto.py --check  # exit 1 if edgewire/pb differs from what proto/ generates
+
+proto/triton/ holds Triton's ``model_config.proto`` as published (proto/triton/README.md). It is compiled
+from its own directory into edgewire/pb/triton, so that its descriptor is the very file tritonclient
+registers (``model_config.proto``, package ``inference``): a process that imports both (the gateway, a Ray
+Serve replica) then holds one ModelConfig class, as protobuf accepts an identical file twice.
 """
 
 from __future__ import annotations
@@ -17,30 +22,39 @@ from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "proto"
+VENDORED = {"triton": PROTO_ROOT / "triton"}  # output subdirectory -> include root of a vendored schema
 OUT = ROOT / "edgewire" / "pb"
 HEADER = "# Generated from proto/ by scripts/gen_proto.py. Do not edit.\n"
 
 
 def generate(into: Path) -> None:
     """Run protoc (from grpcio-tools) with the mypy-protobuf plugin over every .proto under proto/."""
-    protos = sorted(str(p.relative_to(PROTO_ROOT)) for p in PROTO_ROOT.rglob("*.proto"))
-    include = Path(protoc.__file__).parent / "_proto"
-    plugin = Path(sys.executable).parent / "protoc-gen-mypy"
-    args = [
-        "protoc",
-        f"-I{PROTO_ROOT}",
-        f"-I{include}",
-        f"--plugin=protoc-gen-mypy={plugin}",
-        f"--python_out={into}",
-        f"--mypy_out={into}",
-        *protos,
-    ]
-    if protoc.main(args) != 0:
-        raise SystemExit("protoc failed")
+    vendored = set(VENDORED.values())
+    own = [p for p in PROTO_ROOT.rglob("*.proto") if not vendored.intersection(p.parents)]
+    _protoc(PROTO_ROOT, own, into)
+    for subdirectory, root in VENDORED.items():
+        (into / subdirectory).mkdir(parents=True, exist_ok=True)
+        _protoc(root, list(root.rglob("*.proto")), into / subdirectory)
     for directory in [into, *[p for p in into.rglob("*") if p.is_dir()]]:
         init = directory / "__init__.py"
         if not init.exists():
             init.write_text(HEADER)
+
+
+def _protoc(root: Path, protos: list[Path], into: Path) -> None:
+    include = Path(protoc.__file__).parent / "_proto"
+    plugin = Path(sys.executable).parent / "protoc-gen-mypy"
+    args = [
+        "protoc",
+        f"-I{root}",
+        f"-I{include}",
+        f"--plugin=protoc-gen-mypy={plugin}",
+        f"--python_out={into}",
+        f"--mypy_out={into}",
+        *sorted(str(p.relative_to(root)) for p in protos),
+    ]
+    if protoc.main(args) != 0:
+        raise SystemExit(f"protoc failed on {root.relative_to(ROOT)}")
 
 
 def tree(path: Path) -> list[Path]:

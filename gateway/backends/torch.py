@@ -24,6 +24,7 @@ import numpy as np
 from pydantic import Field, ValidatorFunctionWrapHandler, WrapValidator
 from pydantic_core import PydanticCustomError
 
+from edgewire.extras import optional_dependency
 from inference.backends.base import (
     Backend,
     BackendError,
@@ -101,7 +102,8 @@ class TorchBackend:
         if self._models:
             return
         try:
-            self._torch = importlib.import_module("torch")
+            with optional_dependency("torch"):
+                self._torch = importlib.import_module("torch")
         except ImportError as exc:
             raise RuntimeError(
                 f"backend {self.name!r}: type 'torch' needs PyTorch installed ({exc})"

@@ -20,12 +20,13 @@ from typing import Annotated, Any, Final, Self, TypeAlias
 
 from google.protobuf import text_format
 from pydantic import Field
-from tritonclient.grpc import model_config_pb2
 
+from edgewire.pb.triton import model_config_pb2
 from inference.backends.base import ModelSpec, TensorSpec
 from inference.backends.options import BackendOptions, BackendOptionsError, integer, version
 
-ModelConfig: TypeAlias = Any  # model_config_pb2.ModelConfig; the package ships no type information
+# Triton's schema, vendored (proto/triton): the agent's local tier reads repositories without tritonclient.
+ModelConfig: TypeAlias = model_config_pb2.ModelConfig
 
 CONFIG_FILENAME: Final = "config.pbtxt"
 DEFAULT_MODEL_FILENAME: Final = "model.onnx"

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Annotated, Any, Final, Literal, get_args
 
 import numpy as np
-import onnxruntime as ort
 import structlog
 
+from edgewire.extras import optional_dependency
 from inference.backends.base import (
     Backend,
     BackendError,
@@ -40,6 +40,9 @@ from inference.backends.modelrepo import (
     RepositoryOptions,
 )
 from inference.backends.options import backend_options, integer, seconds
+
+with optional_dependency("agent-local", "gateway"):
+    import onnxruntime as ort
 
 _log = structlog.get_logger(__name__)
 

@@ -20,13 +20,17 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final, TypeAlias
+from typing import Final, TypeAlias
 
 import numpy as np
-import onnx
 from google.protobuf import text_format
-from onnx import TensorProto, helper, numpy_helper
-from tritonclient.grpc import model_config_pb2
+
+from edgewire.extras import optional_dependency
+from edgewire.pb.triton import model_config_pb2
+
+with optional_dependency("gateway"):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
 
 RANKING_MODEL: Final = "rank-mlp"
 TEXT_MODEL: Final = "text-encoder"
@@ -79,8 +83,7 @@ DEFAULT_SEED: Final = 1
 MODEL_FILENAME: Final = "model.onnx"
 CONFIG_FILENAME: Final = "config.pbtxt"
 
-# tritonclient.grpc.model_config_pb2.ModelConfig; the package ships no type information.
-ModelConfig: TypeAlias = Any
+ModelConfig: TypeAlias = model_config_pb2.ModelConfig  # Triton's schema, vendored (proto/triton)
 
 
 def write_demo_repository(root: Path) -> list[Path]:

@@ -19,9 +19,12 @@ from functools import cache
 from pathlib import Path
 from typing import Final
 
-from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
-from tokenizers.models import WordPiece
-from tokenizers.trainers import WordPieceTrainer
+from edgewire.extras import optional_dependency
+
+with optional_dependency("agent-local", "gateway"):
+    from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
+    from tokenizers.models import WordPiece
+    from tokenizers.trainers import WordPieceTrainer
 
 VOCAB_DIR: Final = Path(__file__).with_name("vocab")
 DEFAULT_TOKENIZER: Final = "shop-wordpiece"

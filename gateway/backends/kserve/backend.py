@@ -17,10 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-import tritonclient.grpc.aio as triton_aio
-from tritonclient.grpc import InferInput
-from tritonclient.utils import InferenceServerException, np_to_triton_dtype
-
+from edgewire.extras import optional_dependency
 from gateway.backends.kserve.catalog import ModelCatalog
 from gateway.backends.kserve.dialect import Dialect, ServerAnswer
 from gateway.backends.kserve.options import KServeOptions
@@ -32,6 +29,11 @@ from inference.backends.base import (
     ModelNotFound,
     ModelSpec,
 )
+
+with optional_dependency("gateway", "triton"):
+    import tritonclient.grpc.aio as triton_aio
+    from tritonclient.grpc import InferInput
+    from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 MAX_MESSAGE_BYTES: Final = 64 << 20
 

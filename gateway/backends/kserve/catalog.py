@@ -14,11 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from tritonclient.utils import InferenceServerException
 
+from edgewire.extras import optional_dependency
 from gateway.backends.kserve.options import KServeOptions
 from inference.backends.base import ModelSpec, ServedVersions
 from inference.backends.modelrepo import ModelRepositoryError, spec_from_config
+
+with optional_dependency("gateway", "triton"):
+    from tritonclient.utils import InferenceServerException
 
 _log = structlog.get_logger(__name__)
 

@@ -6,10 +6,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from tritonclient.utils import InferenceServerException
-
+from edgewire.extras import optional_dependency
 from inference.backends.base import BackendError, InferCall, ModelNotFound
 from routing.types import Priority
+
+with optional_dependency("gateway", "triton"):
+    from tritonclient.utils import InferenceServerException
 
 
 @dataclass(frozen=True, slots=True)

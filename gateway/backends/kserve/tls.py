@@ -6,7 +6,10 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
+from edgewire.extras import optional_dependency
+
+with optional_dependency("gateway", "triton"):
+    import grpc
 
 
 @dataclass(frozen=True, slots=True)
