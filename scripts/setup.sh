@@ -54,5 +54,27 @@ if ! .venv/bin/python -c 'import importlib.util, sys; sys.exit(importlib.util.fi
     .venv/bin/python -c 'import torch' # fail here, not in the tests
 fi
 
+# An edge agent host's install, for tests/test_install_extras.py: pip install '.[agent]' (not editable)
+# into .venv-agent, from a clean copy of the packages (a build in the tree would ship files since removed).
+# Built here because the tests run without a network. A new pyproject.toml rebuilds the venv from scratch,
+# so it never keeps a dependency the agent extra no longer has; changed sources reinstall the project.
+packages=$(.venv/bin/python -c 'import tomllib; print(*(p.rstrip("*") for p in tomllib.load(open("pyproject.toml", "rb"))["tool"]["setuptools"]["packages"]["find"]["include"]))')
+deps=$(sha256sum pyproject.toml | cut -c1-16)
+code=$(find $packages -type f -not -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
+if [[ ! -f .venv-agent/.installed-$deps-$code ]]; then
+    if ! compgen -G ".venv-agent/.installed-$deps-*" >/dev/null; then
+        rm -rf .venv-agent
+        "$PYTHON" -m venv .venv-agent
+    fi
+    echo "setup: installing the project with only its agent extra into .venv-agent"
+    src=$(mktemp -d)
+    tar -cf - --exclude=__pycache__ pyproject.toml README.md $packages | tar -xf - -C "$src"
+    rm -f .venv-agent/.installed-*
+    .venv-agent/bin/python -m pip install -q "$src[agent]" 2>&1 | grep -v '^WARNING: Location' || true
+    rm -rf "$src"
+    .venv-agent/bin/edge-agent --help >/dev/null # fail here, not in the tests
+    touch ".venv-agent/.installed-$deps-$code"
+fi
+
 # A real Triton Inference Server for the backend tests (CPU, python backend): scripts/install_tritonserver.sh.
 scripts/install_tritonserver.sh
