@@ -24,11 +24,11 @@ import zmq.auth
 from google.protobuf import text_format
 from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper
-from tritonclient.grpc import model_config_pb2
 
 from edgewire import FrameCodec, labels, new_id, now_unix_us, pb
 from edgewire.errors import REJECT_LABELS, reject_label
 from edgewire.ids import id_from_parts
+from edgewire.pb.triton import model_config_pb2
 from gateway.config import default_section, load_config
 from gateway.ingest import _REJECT_NACKS
 from gateway.ingress.auth import write_keypair
