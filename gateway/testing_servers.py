@@ -2,7 +2,9 @@
 
 :class:`TritonServer` runs the ``tritonserver`` that ``scripts/install_tritonserver.sh`` installs (CPU,
 python backend) on a model repository (``gateway.models.triton.write_triton_repository(runtime="python")``).
-:func:`run_rayserve` starts a local Ray cluster with the ``deploy/rayserve`` application.
+:func:`local_ray` starts a local Ray cluster and :class:`RayServeProxy` serves the Ray Serve application
+(:mod:`inference.rayserve_app`, the one ``deploy/rayserve`` deploys) on it. Both come with the package: no
+checkout is needed.
 
 Both bind 127.0.0.1 only. Ray reaches off the machine at start (cloud metadata, DNS): start it only inside a
 network namespace that has nothing but loopback, as the test command does (``unshare --net``).
@@ -27,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-REPO_ROOT: Final = Path(__file__).resolve().parent.parent
-RAYSERVE_APP_DIR: Final = REPO_ROOT / "deploy" / "rayserve"
+# Where this process imports the project's packages from: a checkout, or site-packages.
+PACKAGES_ROOT: Final = Path(__file__).resolve().parent.parent
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -256,20 +258,19 @@ class RayServeEndpoint:
 def local_ray(num_cpus: int = 2) -> Iterator[None]:
     """A local Ray cluster for one test session (about 1 GiB); shut down on exit.
 
-    Workers import ``deploy/rayserve`` and this repository through PYTHONPATH, set before Ray starts. Its
-    session directory is a short one under /tmp (Ray's unix socket paths must fit in 107 bytes).
+    Workers import the project's packages from where this process did (a checkout that is not installed,
+    as an install), through PYTHONPATH set before Ray starts. Its session directory is a short one under
+    /tmp (Ray's unix socket paths must fit in 107 bytes).
     """
     import ray
 
     temp_dir = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
     os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(RAYSERVE_APP_DIR), str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
+        p for p in (str(PACKAGES_ROOT), os.environ.get("PYTHONPATH", "")) if p
     )
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")  # the replicas' onnxruntime: see TritonInstall
-    if str(RAYSERVE_APP_DIR) not in sys.path:
-        sys.path.insert(0, str(RAYSERVE_APP_DIR))
     ray.init(
         address="local",
         num_cpus=num_cpus,
@@ -286,7 +287,7 @@ def local_ray(num_cpus: int = 2) -> Iterator[None]:
 
 class RayServeProxy:
     """Ray Serve on a running local cluster: its gRPC proxy (KServe v2) and HTTP proxy on free loopback
-    ports, and the ``deploy/rayserve`` application deployed under as many names as a test needs.
+    ports, and :mod:`inference.rayserve_app` deployed under as many names as a test needs.
     """
 
     def __init__(self) -> None:
@@ -295,25 +296,27 @@ class RayServeProxy:
 
     def start(self) -> None:
         """Start Serve's controller and proxies; call inside :func:`local_ray`."""
-        import hk_rayserve  # type: ignore[import-not-found]  # deploy/rayserve, on sys.path via local_ray
         from ray import serve
         from ray.serve.config import HTTPOptions, gRPCOptions
 
+        from inference import rayserve_app
+
         serve.start(
             http_options=HTTPOptions(host="127.0.0.1", port=self.http_port),
-            grpc_options=gRPCOptions(port=self.grpc_port, grpc_servicer_functions=[hk_rayserve.SERVICER]),
+            grpc_options=gRPCOptions(port=self.grpc_port, grpc_servicer_functions=[rayserve_app.SERVICER]),
         )
 
     def deploy(
         self, repository: Path, *, application: str = "hk-models", app_args: Mapping[str, Any] | None = None
     ) -> RayServeEndpoint:
         """Deploy the application on a model repository; blocks until it is RUNNING."""
-        import hk_rayserve
         from ray import serve
+
+        from inference import rayserve_app
 
         args = {"repository": str(repository), **(app_args or {})}
         # Ray's gRPC proxy only routes to applications that have a route prefix.
-        serve.run(hk_rayserve.build_app(args), name=application, route_prefix=f"/{application}")
+        serve.run(rayserve_app.build_app(args), name=application, route_prefix=f"/{application}")
         return RayServeEndpoint(grpc_url=f"127.0.0.1:{self.grpc_port}", application=application)
 
     def delete(self, application: str) -> None:

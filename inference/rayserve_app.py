@@ -1,16 +1,16 @@
 """A Ray Serve application that serves a Triton-layout model repository in KServe v2 over Ray's gRPC proxy.
 
 The gateway's ``rayserve`` backend speaks ``inference.GRPCInferenceService`` to Ray Serve's gRPC proxy
-(``grpc_servicer_functions`` = tritonclient's ``add_GRPCInferenceServiceServicer_to_server``); the proxy calls
-the method of the same name on this deployment. ModelInfer requests are batched across callers with
+(``grpc_servicer_functions`` = :data:`SERVICER`, tritonclient's servicer behind a pickling alias); the proxy
+calls the method of the same name on this deployment. ModelInfer requests are batched across callers with
 ``@serve.batch``: requests for the same model and shape are concatenated along the batch dim (up to the
 model's ``max_batch_size``), run as one ONNX Runtime call and split again.
 
 CPU by default; ``num_gpus`` > 0 puts each replica on a GPU with ONNX Runtime's CUDA provider (needs
-onnxruntime-gpu on the Ray nodes). Models are read with the gateway's own repository code, so the Ray
-nodes need the ``hk-edge-gateway`` package installed (or this repository on PYTHONPATH).
+onnxruntime-gpu on the Ray nodes). Models are read with the embedded backend's own repository code; the
+module ships in the package, so a Ray node needs only ``pip install 'hk-edge-gateway[rayserve]'``.
 
-Run it: ``serve run deploy/rayserve/serve_config.yaml`` (see that file), or from Python
+Run it: ``serve deploy deploy/rayserve/serve_config.yaml`` (see that file), or from Python
 ``serve.run(build_app({"repository": "/var/lib/hk-gateway/models"}), name="hk-models")``.
 """
 
@@ -20,7 +20,7 @@ import asyncio
 import os
 import sys
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,7 @@ from inference.backends.modelrepo import config_from_spec
 from inference.backends.onnx import OnnxBackend, OnnxOptions
 from routing.types import Priority
 
-SERVICER = "hk_rayserve.add_kserve_servicer"
+SERVICER = "inference.rayserve_app.add_kserve_servicer"
 
 # tritonclient's generated messages name their module "grpc_service_pb2", which is not importable, so Ray
 # cannot pickle them between its proxy and the replicas. The alias makes pickling by reference work in
@@ -49,6 +49,8 @@ def add_kserve_servicer(servicer: Any, server: Any) -> None:
 
 
 _Feed = dict[str, np.ndarray]
+_Key = tuple[str, str]  # (model, version)
+_Outcome = Mapping[str, np.ndarray] | Exception  # a request's outputs, or why it failed
 
 
 class ModelError(Exception):
@@ -79,8 +81,10 @@ class KServeModels:
         self._batch_wait_us = int(batch_wait_timeout_s * 1e6)
         # A stand-in for a slow GPU in tests (the queue fills, backpressure shows); never set in production.
         self._delay_s = test_execute_delay_s
-        self._infer_batch.set_max_batch_size(max_batch_size)
-        self._infer_batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
+        # Batched per replica with the deployment's own sizes (Ray's decorator form fixes them per class).
+        self._batched = serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=batch_wait_timeout_s)(
+            self._infer_batch
+        )
 
     async def _ensure_started(self) -> OnnxBackend:
         if not self._started:
@@ -119,7 +123,7 @@ class KServeModels:
         if spec is None:
             raise ModelError(f"model {request.model_name!r} version {request.model_version!r} not served")
         feed = _decode(request)
-        outputs = await self._infer_batch((spec.name, spec.version), feed)
+        outputs = await self._batched(((spec.name, spec.version), feed))
         if isinstance(outputs, Exception):
             raise outputs
         answer = kserve.ModelInferResponse(model_name=spec.name, model_version=spec.version, id=request.id)
@@ -128,18 +132,16 @@ class KServeModels:
             answer.raw_output_contents.append(np.ascontiguousarray(array).tobytes())
         return answer
 
-    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.002)
-    async def _infer_batch(
-        self, keys: Sequence[tuple[str, str]], feeds: Sequence[_Feed]
-    ) -> list[Mapping[str, np.ndarray] | Exception]:
+    async def _infer_batch(self, requests: list[tuple[_Key, _Feed]]) -> list[_Outcome]:
         """One Ray batch: concatenate what can run together, one backend call per group, split again."""
+        feeds = [feed for _, feed in requests]
         if self._delay_s:
             await asyncio.sleep(self._delay_s)
         groups: dict[tuple[Any, ...], list[int]] = defaultdict(list)
-        for i, (key, feed) in enumerate(zip(keys, feeds, strict=True)):
+        for i, (key, feed) in enumerate(requests):
             shapes = tuple(sorted((n, a.shape[1:], a.dtype.str) for n, a in feed.items()))
             groups[(key, shapes)].append(i)
-        results: list[Mapping[str, np.ndarray] | Exception] = [ModelError("not run")] * len(feeds)
+        results: list[_Outcome] = [ModelError("not run")] * len(feeds)
         calls = []
         for (key, _), members in groups.items():
             spec = self._backend.model(*key)
@@ -154,7 +156,7 @@ class KServeModels:
         spec: ModelSpec,
         feeds: list[_Feed],
         members: list[int],
-        results: list[Mapping[str, np.ndarray] | Exception],
+        results: list[_Outcome],
     ) -> None:
         joined = {name: np.concatenate([f[name] for f in feeds]) for name in feeds[0]}
         try:
@@ -211,7 +213,6 @@ def _chunks(members: list[int], rows: list[int], limit: int) -> list[list[int]]:
 def build_app(args: Mapping[str, Any]) -> Any:
     """The application, from ``serve run`` args: repository, num_replicas, num_cpus, num_gpus, batching."""
     deployment = serve.deployment(
-        KServeModels,
         name="KServeModels",
         num_replicas=int(args.get("num_replicas", 1)),
         ray_actor_options={
@@ -221,7 +222,7 @@ def build_app(args: Mapping[str, Any]) -> Any:
         # max_ongoing_requests must cover a whole batch, or Ray's default (5) caps the batch size.
         max_ongoing_requests=int(args.get("max_ongoing_requests", 2 * int(args.get("max_batch_size", 32)))),
         max_queued_requests=int(args.get("max_queued_requests", 256)),
-    )
+    )(KServeModels)
     return deployment.bind(
         str(args.get("repository", os.environ.get("HK_MODEL_REPOSITORY", "/var/lib/hk-gateway/models"))),
         max_batch_size=int(args.get("max_batch_size", 32)),
