@@ -15,7 +15,7 @@ import sys
 from collections import OrderedDict
 
 from bench.echo import bound_router
-from edgewire import FrameCodec, FrameError, pb, repeated_field
+from edgewire import FrameCodec, FrameError, Serialized, pb, repeated_field
 
 RESPONSES = pb.ResponseBatch.DESCRIPTOR.fields_by_name["responses"].number
 DEDUPE_MAX = 1_000_000
@@ -48,10 +48,8 @@ def serve(endpoint: str) -> None:
             answers.append(pb.InferResponse(request_id=rid, status=pb.STATUS_OK).SerializeToString())
         rid_bytes = routing_id.bytes
         sock.send_multipart([rid_bytes, *codec.encode(ack, agent_id="hk", region="hk")])
-        frames = codec.encode_raw(
-            pb.MESSAGE_KIND_RESPONSE_BATCH,
-            repeated_field(RESPONSES, answers),
-            len(answers),
+        frames = codec.encode(
+            Serialized(pb.MESSAGE_KIND_RESPONSE_BATCH, repeated_field(RESPONSES, answers), len(answers)),
             agent_id=decoded.envelope.agent_id,
             region="hk",
             dict_id=0,

@@ -1,6 +1,14 @@
 """Wire codec shared by the edge agent and the Hong Kong gateway: schema, frames, limits, dictionaries."""
 
-from edgewire.codec import SCHEMA_VERSION, Decoded, FrameCodec, now_unix_us, record_count_of, repeated_field
+from edgewire.codec import (
+    SCHEMA_VERSION,
+    Decoded,
+    FrameCodec,
+    Serialized,
+    now_unix_us,
+    record_count_of,
+    repeated_field,
+)
 from edgewire.dictionaries import DictionaryError, DictionaryStore
 from edgewire.errors import REJECT_LABELS, FrameError, reject_label
 from edgewire.ids import id_unix_ms, is_valid_id, new_id
@@ -16,6 +24,7 @@ __all__ = [
     "DictionaryStore",
     "FrameCodec",
     "FrameError",
+    "Serialized",
     "id_unix_ms",
     "is_valid_id",
     "new_id",

@@ -85,6 +85,15 @@ def repeated_field(field_number: int, items: Sequence[bytes]) -> bytes:
 
 
 @dataclass(frozen=True, slots=True)
+class Serialized:
+    """A payload already serialized (e.g. with :func:`repeated_field`), for :meth:`FrameCodec.encode`."""
+
+    kind: pb.MessageKind.ValueType
+    raw: bytes
+    record_count: int
+
+
+@dataclass(frozen=True, slots=True)
 class Decoded:
     """A frame that passed every check: its envelope and its parsed payload."""
 
@@ -121,7 +130,7 @@ class FrameCodec:
 
     def encode(
         self,
-        payload: Message,
+        payload: Message | Serialized,
         *,
         agent_id: str = "",
         region: str = "",
@@ -134,45 +143,18 @@ class FrameCodec:
         sent_at_unix_us: int | None = None,
         frame_limit: int = 0,
     ) -> list[bytes]:
-        """Serialize, compress and frame one payload. ``dict_id=None`` uses the preferred dictionary;
-        ``frame_limit``: the receiver's largest frame, when known (else this codec's ``max_frame_bytes``)."""
-        kind = _KIND_OF_TYPE.get(type(payload))
-        if kind is None:
-            raise TypeError(f"{type(payload).__name__} is not a wire payload")
-        return self.encode_raw(
-            kind,
-            payload.SerializeToString(),
-            record_count_of(payload),
-            agent_id=agent_id,
-            region=region,
-            priority=priority,
-            deadline_unix_us=deadline_unix_us,
-            message_id=message_id,
-            dict_id=dict_id,
-            compress=compress,
-            attempt=attempt,
-            sent_at_unix_us=sent_at_unix_us,
-            frame_limit=frame_limit,
-        )
+        """Serialize (unless it is :class:`Serialized` already), compress and frame one payload.
 
-    def encode_raw(
-        self,
-        kind: pb.MessageKind.ValueType,
-        raw: bytes,
-        record_count: int,
-        *,
-        agent_id: str = "",
-        region: str = "",
-        priority: pb.PriorityClass.ValueType = pb.PRIORITY_CLASS_INTERACTIVE,
-        deadline_unix_us: int = 0,
-        message_id: bytes | None = None,
-        dict_id: int | None = None,
-        compress: bool = True,
-        attempt: int = 0,
-        sent_at_unix_us: int | None = None,
-        frame_limit: int = 0,
-    ) -> list[bytes]:
-        """Frame an already serialized payload of ``kind`` (e.g. assembled with :func:`repeated_field`)."""
+        ``dict_id=None`` uses the preferred dictionary; ``frame_limit``: the receiver's largest frame, when
+        known (else this codec's ``max_frame_bytes``).
+        """
+        if isinstance(payload, Serialized):
+            kind, raw, record_count = payload.kind, payload.raw, payload.record_count
+        else:
+            found = _KIND_OF_TYPE.get(type(payload))
+            if found is None:
+                raise TypeError(f"{type(payload).__name__} is not a wire payload")
+            kind, raw, record_count = found, payload.SerializeToString(), record_count_of(payload)
         if len(raw) > self.limits.max_decompressed_bytes:
             raise ValueError(f"payload of {len(raw)} bytes is over max_decompressed_bytes")
         envelope = pb.Envelope(

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from edgewire import FrameCodec, pb, repeated_field
+from edgewire import FrameCodec, Serialized, pb, repeated_field
 from gateway.config import RepliesConfig
 from gateway.ingress.carrier import CarrierIngress, SendResult
 from gateway.ops.metrics import GatewayMetrics
@@ -104,8 +104,11 @@ class ReplyRouter:
         if not routes:
             return False
         payload = repeated_field(RESPONSES_FIELD, responses)
-        frames = self._codec.encode_raw(
-            pb.MESSAGE_KIND_RESPONSE_BATCH, payload, len(responses), agent_id=agent_id, region="hk", dict_id=0
+        frames = self._codec.encode(
+            Serialized(pb.MESSAGE_KIND_RESPONSE_BATCH, payload, len(responses)),
+            agent_id=agent_id,
+            region="hk",
+            dict_id=0,
         )
         for carrier_name, routing_id in routes:
             carrier = self._carriers.get(carrier_name)

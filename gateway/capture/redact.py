@@ -12,7 +12,7 @@ import hashlib
 import hmac
 from collections.abc import Sequence
 
-from edgewire import CodecLimits, DictionaryStore, FrameCodec, pb
+from edgewire import CodecLimits, DictionaryStore, FrameCodec, Serialized, pb
 
 
 class Redactor:
@@ -46,8 +46,8 @@ class Redactor:
                 request.ranking.session_id = self.token(request.ranking.session_id)
         raw = batch.SerializeToString()
         compressed = envelope.codec == pb.CODEC_ZSTD
-        new_envelope, body = self._codec.encode_raw(
-            envelope.kind, raw, len(batch.requests), dict_id=envelope.dict_id, compress=compressed
+        new_envelope, body = self._codec.encode(
+            Serialized(envelope.kind, raw, len(batch.requests)), dict_id=envelope.dict_id, compress=compressed
         )
         fresh = pb.Envelope()
         fresh.ParseFromString(new_envelope)

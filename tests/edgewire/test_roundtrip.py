@@ -9,7 +9,15 @@ from google.protobuf.message import Message
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edgewire import SCHEMA_VERSION, DictionaryStore, FrameCodec, is_valid_id, pb, record_count_of
+from edgewire import (
+    SCHEMA_VERSION,
+    DictionaryStore,
+    FrameCodec,
+    Serialized,
+    is_valid_id,
+    pb,
+    record_count_of,
+)
 from edgewire.limits import CodecLimits
 from tests.edgewire.strategies import PAYLOADS
 
@@ -147,7 +155,7 @@ def test_repeated_field_assembles_a_batch_from_serialized_items(batch: pb.Respon
     raw = repeated_field(1, [r.SerializeToString() for r in batch.responses])
     assert pb.ResponseBatch.FromString(raw) == batch
     codec = FrameCodec()
-    frames = codec.encode_raw(pb.MESSAGE_KIND_RESPONSE_BATCH, raw, len(batch.responses))
+    frames = codec.encode(Serialized(pb.MESSAGE_KIND_RESPONSE_BATCH, raw, len(batch.responses)))
     assert codec.decode(frames).payload == batch
 
 
@@ -162,7 +170,7 @@ def test_a_kept_compressed_frame_costs_about_its_length() -> None:
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        bodies = [codec.encode_raw(pb.MESSAGE_KIND_REQUEST_BATCH, payload, 1)[1] for _ in range(50)]
+        bodies = [codec.encode(Serialized(pb.MESSAGE_KIND_REQUEST_BATCH, payload, 1))[1] for _ in range(50)]
         held = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
