@@ -40,11 +40,9 @@ class DenseNorm:
     """sign·log1p on some columns, then (x - mean) / std, clipped: one block of dense features."""
 
     log1p: np.ndarray  # bool per column
-    mean: np.ndarray  # float32 per column
+    mean: np.ndarray  # per column: float32 values, held as float64 (see apply)
     std: np.ndarray
     clip: float
-    low: np.ndarray  # float32 per column: mean - clip * std, the value that normalises to -clip
-    high: np.ndarray  # mean + clip * std
 
     @classmethod
     def of(cls, params: Mapping[str, str], prefix: str, width: int) -> DenseNorm | None:
@@ -61,21 +59,22 @@ class DenseNorm:
         std = _floats(params.get(names[2], ""), names[2]) or [1.0] * width
         if len(mean) != width or len(std) != width:
             raise ValueError(f"{names[1]} and {names[2]} need {width} values each")
-        if any(s <= 0 for s in std):
-            raise ValueError(f"{names[2]}: every value must be positive")
+        centre, scale = np.asarray(mean, dtype=np.float32), np.asarray(std, dtype=np.float32)
+        if not np.isfinite(centre).all():
+            raise ValueError(f"{names[1]}: every value must be a finite float32")
+        if not (np.isfinite(scale).all() and (scale > 0).all()):
+            raise ValueError(f"{names[2]}: every value must be positive (and a finite float32)")
         clip = float(params.get("dense_clip", "8"))
-        centre, scale = np.asarray(mean, dtype=np.float64), np.asarray(std, dtype=np.float64)
-        low = (centre - clip * scale).astype(np.float32)
-        high = (centre + clip * scale).astype(np.float32)
-        return cls(log1p, centre.astype(np.float32), scale.astype(np.float32), clip, low, high)
+        return cls(log1p, centre.astype(np.float64), scale.astype(np.float64), clip)
 
     def apply(self, block: np.ndarray) -> np.ndarray:
-        """The normalised copy of a (rows, width) float32 block of finite values, in a few whole-array
-        operations. Values are clipped to [low, high] before they are standardised, not after: a huge
-        finite value (3e38) would overflow float32 in the division, where clipped first it cannot."""
+        """The normalised float32 copy of a (rows, width) float32 block of finite values, in a few
+        whole-array operations. Standardised in float64: a float32 feature near its largest value (3e38)
+        minus a mean, over a std below 1, overflows float32, never float64 (at most ~5e83 for float32
+        operands); the clip then brings it to ±clip. Cheaper than clipping each column first."""
         out = np.where(self.log1p, np.sign(block) * np.log1p(np.abs(block)), block)
-        out = (np.clip(out, self.low, self.high) - self.mean) / self.std
-        clipped: np.ndarray = np.clip(out, -self.clip, self.clip).astype(np.float32, copy=False)
+        out = (out - self.mean) / self.std
+        clipped: np.ndarray = np.clip(out, -self.clip, self.clip).astype(np.float32)
         return clipped
 
 
@@ -335,10 +334,10 @@ def _drop_non_finite(
     """The blocks, kept requests and counts without the requests whose dense features hold a NaN or an
     infinity (those go to ``rejected`` as ``bad_features``): a model scores them as garbage, and the
     normalisation would compute with them. One pass over each block; the rest only when one is found."""
+    if np.isfinite(candidate_block).all() and np.isfinite(user_block).all():
+        return candidate_block, user_block, kept, counts  # the usual case: two flat passes, no per row
     finite_rows = np.isfinite(candidate_block).all(axis=1)
     finite_users = np.isfinite(user_block).all(axis=1)
-    if finite_rows.all() and finite_users.all():
-        return candidate_block, user_block, kept, counts
     sizes = np.asarray(counts, dtype=np.int64)
     finite_candidates = np.logical_and.reduceat(finite_rows, np.cumsum(sizes) - sizes)
     good = finite_candidates & finite_users
