@@ -15,13 +15,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import geoip2.database
 import structlog
 import zmq
 import zmq.asyncio
 
 import gateway.backends.builtin  # noqa: F401  (registers the built-in backend types)
 from edgewire import CodecLimits, DictionaryStore, FrameCodec
+from edgewire.extras import optional_dependency
 from gateway.capture.recorder import CaptureRecorder
 from gateway.capture.redact import Redactor
 from gateway.config import GatewayConfig, load_config
@@ -50,6 +50,9 @@ from routing.holder import PolicyHolder
 from routing.types import Tier
 from service.logs import LogSettings
 from service.runtime import freeze_startup_objects
+
+with optional_dependency("gateway"):
+    import geoip2.database
 
 log = structlog.get_logger("gateway")
 

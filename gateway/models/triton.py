@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2
 
+from edgewire.pb.triton import model_config_pb2
 from inference.models.demo import (
     CONFIG_FILENAME,
     DEFAULT_SEED,
