@@ -5,9 +5,10 @@ worker processes (``mode = "process"``, workers.py) and their data through a sha
 (arena.py): the loop keeps reading carriers, acking and answering health checks while the workers use the
 other cores. What costs less than the hand-off stays in this process (:meth:`CpuStage._local`): small
 batches of the cheap pipelines, and every batch of fixed-width wire tensors (the loop would spend as much
-serializing them for a worker as decoding them). A worker that dies is replaced and the batch it held
-fails with a retryable error, which the dispatcher reroutes or answers UNAVAILABLE. ``mode = "thread"``
-runs the same functions on threads (for debugging, or one-core hosts).
+serializing them for a worker as decoding them). A worker that dies (or is killed for a task past
+``task_timeout_s``) is replaced and the batch it held fails with :class:`CpuTaskFailed`: the dispatcher
+retries its requests one by one, in workers (``in_worker``), so that only the one at fault fails.
+``mode = "thread"`` runs the same functions on threads (for debugging, or one-core hosts).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from edgewire import pb
+from gateway.dispatch.pool import for_operator
 from gateway.server import Gateway
 from gateway.testing import WireClient, fresh_requests, run_gateway
 from inference.backends.base import InferCall, InferResult, ModelSpec
@@ -246,3 +247,22 @@ async def test_nan_and_infinite_features_are_refused_and_huge_ones_served(models
     assert responses[1].error_message.startswith("bad_features: candidate_dense holds NaN or infinity")
     assert responses[2].error_message.startswith("bad_features: user_dense holds NaN or infinity")
     assert refused == 2
+
+
+@pytest.mark.parametrize(
+    ("message", "read"),
+    [
+        ("cannot identify image file <_io.BytesIO object at 0x7f3a2c1d>", "cannot identify image file"),
+        (
+            "Traceback (most recent call last):\n  File x\nValueError: y",
+            "internal error; the gateway logged it",
+        ),
+        ("model failed\ndetails the agent cannot use", "model failed"),
+        ("x" * 600, "x" * 512),
+    ],
+    ids=["repr", "traceback", "lines", "long"],
+)
+def test_error_messages_are_written_for_the_agents_operator(message: str, read: str) -> None:
+    """Whatever a pipeline or backend put in an error, the agent reads one plain line: no object reprs,
+    no traceback, at most 512 characters."""
+    assert for_operator(message) == read
