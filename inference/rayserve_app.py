@@ -24,14 +24,17 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from ray import serve
-from tritonclient.grpc import service_pb2 as kserve
-from tritonclient.utils import np_to_triton_dtype, triton_to_np_dtype
 
+from edgewire.extras import optional_dependency
 from inference.backends.base import BackendError, InferCall, ModelSpec
 from inference.backends.modelrepo import config_from_spec
 from inference.backends.onnx import OnnxBackend, OnnxOptions
 from routing.types import Priority
+
+with optional_dependency("rayserve"):
+    from ray import serve
+    from tritonclient.grpc import service_pb2 as kserve
+    from tritonclient.utils import np_to_triton_dtype, triton_to_np_dtype
 
 SERVICER = "inference.rayserve_app.add_kserve_servicer"
 
@@ -43,7 +46,8 @@ sys.modules.setdefault("grpc_service_pb2", kserve)
 
 def add_kserve_servicer(servicer: Any, server: Any) -> None:
     """Ray's ``grpc_servicer_functions`` entry: KServe v2's service, with the pickling alias in place."""
-    from tritonclient.grpc import service_pb2_grpc
+    with optional_dependency("rayserve"):
+        from tritonclient.grpc import service_pb2_grpc
 
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
 

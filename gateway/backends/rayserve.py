@@ -1,11 +1,11 @@
 """The ``rayserve`` backend: a Ray Serve application behind Ray Serve's gRPC proxy, spoken to in KServe v2.
 
-``deploy/rayserve`` is the application: it answers ``inference.GRPCInferenceService`` (ModelInfer,
-readiness, repository index, model config) from a deployment that batches with ``@serve.batch``. The
-proxy picks the application from the ``application`` request header. Ray Serve sheds load with
-RESOURCE_EXHAUSTED once a deployment's ``max_queued_requests`` is reached: that is OVERLOADED, shed and
-retried elsewhere. Ray Serve has no priority levels; the deadline is the gRPC call's deadline, which the
-proxy turns into a cancellation of the request at the replica.
+:mod:`inference.rayserve_app` is the application (``deploy/rayserve`` deploys it): it answers
+``inference.GRPCInferenceService`` (ModelInfer, readiness, repository index, model config) from a deployment
+that batches with ``@serve.batch``. The proxy picks the application from the ``application`` request header.
+Ray Serve sheds load with RESOURCE_EXHAUSTED once a deployment's ``max_queued_requests`` is reached: that is
+OVERLOADED, shed and retried elsewhere. Ray Serve has no priority levels; the deadline is the gRPC call's
+deadline, which the proxy turns into a cancellation of the request at the replica.
 """
 
 from __future__ import annotations
