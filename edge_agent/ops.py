@@ -176,6 +176,11 @@ class AgentCollector:
             "duplicate_responses", "Second answers from Hong Kong, dropped", stats.duplicate_responses
         )
         yield _counter(
+            "late_responses",
+            "Answers from Hong Kong after the request's deadline had passed here (dropped)",
+            stats.late_responses,
+        )
+        yield _counter(
             "gateway_reexecutions", "Accepted requests resent after a gateway restart", stats.re_executions
         )
         yield _counters(

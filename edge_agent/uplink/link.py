@@ -43,7 +43,8 @@ class UplinkStats:
     sent_uncompressed: int = 0  # of those, sent without zstd (it would have saved too little)
     sent_requests: int = 0
     resent: Counter[str] = field(default_factory=Counter)  # reason -> requests resent
-    duplicate_responses: int = 0
+    duplicate_responses: int = 0  # a second answer to a request already answered
+    late_responses: int = 0  # an answer after the request's deadline had passed here (caller answered)
     re_executions: int = 0
     frames_rejected: Counter[str] = field(
         default_factory=Counter
@@ -86,6 +87,7 @@ class Uplink:
         self._wake = asyncio.Event()  # the sender: something to send, or a carrier came up
         self._timers_changed = asyncio.Event()  # the watchdog: a timer earlier than it sleeps until
         self._watch_until = 0.0
+        self._lost_paths: dict[str, float] = {}  # carrier gone silent or removed -> when found so
         self._tasks: list[asyncio.Task[None]] = []
         # Records per frame: the config's bound, lowered by the gateway's Pong limits and halved after a
         # frame_too_large refusal, so an oversized batch is split instead of resent unchanged.
@@ -118,7 +120,7 @@ class Uplink:
             carrier.task.cancel()
         carrier.sock.close(0)
         self._resend_unacked_on(name, reason)
-        self._resend_stranded()
+        self._lost_paths[name] = self._clock()
 
     def best(self) -> Carrier | None:
         """The live carrier with the lowest RTT (ties: name), or None."""
@@ -278,17 +280,18 @@ class Uplink:
         unacked = [rid for frame in self.outstanding.frames_on(carrier) for rid in frame.ids]
         self._resend(self.outstanding.unaccepted(unacked), reason)
 
-    def _resend_stranded(self) -> None:
-        """Accepted requests whose carrier is dead or gone are resent on a live carrier of the gateway that
-        accepted them (same epoch): their answers may have been lost with the carrier. That gateway's
-        dedupe window acknowledges each as a duplicate and, if it has answered already, sends the answer
-        again from its response cache, on the carrier the agent now speaks on. A request accepted by a
-        gateway no carrier reaches waits: for that gateway, or for ``_gateway_restarted``."""
-        live = {c.name: c.epoch for c in self.carriers.values() if c.up}
-        if not live:
+    def _resend_stranded(self, via: Carrier, now: float) -> None:
+        """A Pong on ``via`` after a carrier went silent or was removed: the gateway is there, and the
+        answers to what it accepted over the lost carrier may have been lost with it. Those requests are
+        resent (``via``'s gateway epoch only: an older one is ``_gateway_restarted``'s); the gateway's
+        dedupe window acknowledges each as a duplicate and, if it has answered it already, sends the
+        answer again from its response cache, on the carrier the agent now speaks on."""
+        lost = {name for name, at in self._lost_paths.items() if at < now}
+        if not lost:
             return
-        epochs = set(live.values())
-        stranded = self.outstanding.accepted_by(epochs=epochs, not_on=set(live))
+        for name in lost:
+            del self._lost_paths[name]
+        stranded = self.outstanding.accepted_by(epochs={via.epoch}, on=lost)
         for rid in stranded:
             entry = self.outstanding.get(rid)
             if entry is not None:
@@ -296,7 +299,7 @@ class Uplink:
         self._resend(stranded, "carrier_down")
 
     def _expire(self, rid: bytes) -> None:
-        entry = self.outstanding.close(rid)
+        entry = self.outstanding.close(rid, expired=True)
         if entry is not None:
             self._on_response(
                 pb.InferResponse(
@@ -398,7 +401,10 @@ class Uplink:
     def _on_gateway_response(self, response: pb.InferResponse) -> None:
         entry = self.outstanding.get(response.request_id)
         if entry is None:
-            self.stats.duplicate_responses += 1
+            if self.outstanding.expired_unanswered(response.request_id):
+                self.stats.late_responses += 1  # its caller got DEADLINE_EXCEEDED already
+            else:
+                self.stats.duplicate_responses += 1
             return
         if response.status in (pb.STATUS_OVERLOADED, pb.STATUS_UNAVAILABLE):
             retry_at = self._clock() + response.retry_after_ms / 1000
@@ -420,6 +426,8 @@ class Uplink:
         self.dictionaries.on_pong(pong, lambda request: self._send_control(carrier, request))
         self._check_carrier(carrier, now)
         if carrier.up:
+            if self._lost_paths:
+                self._resend_stranded(carrier, now)
             self._timer_set(carrier.dies_at(self._up.dead_after_s))
         self._wake.set()
 
@@ -497,4 +505,5 @@ class Uplink:
         carrier.up = alive
         if not alive:
             self._resend_unacked_on(carrier.name, "carrier_down")
-        self._resend_stranded()
+            if not carrier.draining:  # a draining gateway still answers on it
+                self._lost_paths[carrier.name] = now

@@ -47,7 +47,7 @@ class OutstandingTable:
 
     def __init__(self, answered_window: int) -> None:
         self._entries: OrderedDict[bytes, Outstanding] = OrderedDict()
-        self._answered: OrderedDict[bytes, None] = OrderedDict()
+        self._answered: OrderedDict[bytes, bool] = OrderedDict()  # id -> closed by its deadline
         self._answered_window = answered_window
         self._expiry: DeadlineHeap[bytes] = DeadlineHeap()  # request id -> deadline, unix microseconds
         self._frames: dict[bytes, SentFrame] = {}
@@ -79,16 +79,21 @@ class OutstandingTable:
             self._expiry.set(rid, request.deadline_unix_us)
         return True
 
-    def close(self, request_id: bytes) -> Outstanding | None:
-        """The request is answered (or given up): no longer owed, remembered as answered."""
+    def close(self, request_id: bytes, *, expired: bool = False) -> Outstanding | None:
+        """The request is answered (or given up; ``expired``: its deadline passed first): no longer owed,
+        remembered as answered."""
         entry = self._entries.pop(request_id, None)
         if entry is None:
             return None
         self._expiry.discard(request_id)
-        self._answered[request_id] = None
+        self._answered[request_id] = expired
         while len(self._answered) > self._answered_window:
             self._answered.popitem(last=False)
         return entry
+
+    def expired_unanswered(self, request_id: bytes) -> bool:
+        """True when the id was closed recently because its deadline passed before an answer came."""
+        return self._answered.get(request_id, False)
 
     def expired(self, wall_us: int) -> list[bytes]:
         """Ids outstanding whose deadline is at or before ``wall_us`` (they stay until ``close``)."""
@@ -97,15 +102,14 @@ class OutstandingTable:
     def next_expiry_us(self) -> float | None:
         return self._expiry.next_due()
 
-    def accepted_by(self, epochs: set[int], not_on: set[str] | None = None) -> list[bytes]:
+    def accepted_by(self, epochs: set[int], on: set[str] | None = None) -> list[bytes]:
         """Accepted, unanswered ids accepted in one of the gateway ``epochs`` (and last sent on a carrier
-        not in ``not_on``). A scan of every entry: for a carrier's death or a gateway restart, not per
+        in ``on``, when given). A scan of every entry: for a lost carrier or a gateway restart, not per
         message."""
-        skip = not_on or set()
         return [
             rid
             for rid, e in self._entries.items()
-            if e.accepted and e.epoch in epochs and e.carrier not in skip
+            if e.accepted and e.epoch in epochs and (on is None or e.carrier in on)
         ]
 
     def sent(self, frame: SentFrame, ack_timeout_s: float) -> None:

@@ -11,8 +11,27 @@ from typing import Any
 
 from edge_agent.agent import EdgeAgent
 from edge_agent.config import AgentConfig, load_config
+from edge_agent.synthetic import SyntheticTraffic
+from edgewire import pb
 from gateway.server import Gateway
 from gateway.testing import run_gateway, wait_for
+
+NOWHERE = {"hgc": "tcp://127.0.0.1:9"}  # nothing listens: Hong Kong unreachable
+
+
+def heavy_realtime(n: int, *, model_kind: int = pb.REQUEST_KIND_RANKING) -> list[pb.InferRequest]:
+    """``n`` synthetic requests of one kind, without ids, scored for the cloud tier."""
+    out = []
+    for g in SyntheticTraffic(21, regions=("us-west",)).take(n * 10):
+        if g.request.kind == model_kind:
+            request = pb.InferRequest()
+            request.CopyFrom(g.request)
+            request.request_id = b""
+            request.complexity_hint = 0.95  # would go to the cloud tier
+            out.append(request)
+        if len(out) == n:
+            break
+    return out
 
 
 def agent_config(endpoints: dict[str, str], models: Path, spool: Path, **extra: Any) -> AgentConfig:

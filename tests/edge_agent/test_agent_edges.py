@@ -27,23 +27,7 @@ from edge_agent.ops import AgentCollector
 from edge_agent.synthetic import SyntheticTraffic
 from edgewire import pb
 from gateway.testing import run_gateway, wait_for
-from tests.edge_agent.conftest import agent_config, agent_on_gateway, spawn_agent
-
-NOWHERE = {"hgc": "tcp://127.0.0.1:9"}  # nothing listens: Hong Kong unreachable
-
-
-def heavy_realtime(n: int, *, model_kind: int = pb.REQUEST_KIND_RANKING) -> list[pb.InferRequest]:
-    out = []
-    for g in SyntheticTraffic(21, regions=("us-west",)).take(n * 10):
-        if g.request.kind == model_kind:
-            request = pb.InferRequest()
-            request.CopyFrom(g.request)
-            request.request_id = b""
-            request.complexity_hint = 0.95  # would go to the cloud tier
-            out.append(request)
-        if len(out) == n:
-            break
-    return out
+from tests.edge_agent.conftest import NOWHERE, agent_config, agent_on_gateway, heavy_realtime, spawn_agent
 
 
 async def test_realtime_without_hong_kong_is_served_locally(models_dir: Path, tmp_path: Path) -> None:
@@ -57,20 +41,24 @@ async def test_realtime_without_hong_kong_is_served_locally(models_dir: Path, tm
 
 
 async def test_realtime_without_hong_kong_or_local_model_fails_fast(models_dir: Path, tmp_path: Path) -> None:
-    """Without a local model the same request fails fast with a clear status, long before its deadline."""
+    """Without a local model the same request fails fast with a clear status, long before its deadline:
+    answered by the agent itself at the intake, never queued for Hong Kong or spooled."""
+    requests = heavy_realtime(3)
     async with (
         EdgeAgent(agent_config(NOWHERE, models_dir, tmp_path / "spool", local={"enabled": False})) as agent,
         EdgeClient(agent.intake_endpoint) as client,
     ):
-        started = time.monotonic()
-        responses = await client.infer_many(
-            heavy_realtime(3), deadline_s=2.0, priority=pb.PRIORITY_CLASS_REALTIME
-        )
-        elapsed = time.monotonic() - started
+        assert agent.uplink is not None and agent.spool is not None
+        responses = await client.infer_many(requests, deadline_s=2.0, priority=pb.PRIORITY_CLASS_REALTIME)
+        uplink, spool = agent.uplink, agent.spool
+        queued, spooled = uplink.inflight, spool.live_records
     assert {r.status for r in responses} == {pb.STATUS_DEADLINE_EXCEEDED}
     assert all("round trip" in r.error_message for r in responses)
     assert agent.stats.failed_fast == {"round_trip": 3, "local_busy": 0}
-    assert elapsed < 1.0
+    # The mechanism, not a stopwatch: answered by the agent, nothing handed to the uplink, sent or spooled.
+    assert agent.stats.remote == 0 and queued == 0 and spooled == 0
+    assert uplink.stats.sent_requests == 0 and uplink.stats.sent_frames == 0
+    assert agent.stats.responses == {"deadline_exceeded": 3}
 
 
 async def test_agent_health_and_metrics(models_dir: Path, tmp_path: Path) -> None:
