@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU-tier check, on the GPU machine (device tool, carry [".whl"]; prepare with scripts/gpu_wheels.sh):
+# The GPU-tier check, on the GPU machine (with the .whl/ folder copied beside the checkout; prepare it with scripts/gpu_wheels.sh):
 #   run: bash scripts/gpu_tier_device.sh        (results in $OUT: gpu_tier.json, gpu_tier.md, log)
 set -euo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl

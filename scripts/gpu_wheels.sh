@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fetches, here, the wheels the GPU machine lacks for bench/gpu_tier.py (it has torch, transformers, timm,
 # numpy, grpcio, aiohttp, onnx, onnxruntime, uvloop, prometheus-client; Python 3.12; nothing downloads there)
-# into .whl/ (git-ignored), for the device tool's `carry`. About 12 MB.
+# into .whl/ (git-ignored), to copy to the GPU machine with the checkout. About 12 MB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .whl && mkdir -p .whl

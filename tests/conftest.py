@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+# Before anything imports onnxruntime (inference.models.demo does): no telemetry files under ~/.cache.
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+
 from inference.models.demo import write_demo_repository
 
 settings.register_profile(

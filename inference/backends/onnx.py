@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +42,9 @@ from inference.backends.modelrepo import (
 )
 from inference.backends.options import backend_options, integer, seconds
 
+# onnxruntime reads this once, at import: unset, it writes a device id and a telemetry database under
+# ~/.cache/Microsoft and a session file in $TMPDIR of every host and test run ("0" keeps it on).
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 with optional_dependency("agent-local", "gateway"):
     import onnxruntime as ort
 
