@@ -20,9 +20,6 @@ from inference.pipeline.base import Prepared
 from inference.pipeline.tensor import InvalidInput, Rejected, encode_bytes, tensor_from_array
 
 with optional_dependency("agent-local", "gateway"):
-    from PIL import Image
-
-with optional_dependency("agent-local", "gateway"):
     from PIL import Image, UnidentifiedImageError
 
 MAX_PIXELS: Final = 40_000_000
