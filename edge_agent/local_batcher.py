@@ -29,7 +29,7 @@ ModelKey = tuple[str, str]  # (model name, version)
 class LocalBatcher:
     """Queues requests for the local tier per model and serves each batch in a task of its own.
 
-    ``busy`` counts requests queued or being served; ``on_idle`` is called as each batch finishes.
+    ``busy`` counts requests queued or being served; ``on_done`` is called as each batch finishes.
     """
 
     def __init__(
