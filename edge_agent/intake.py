@@ -50,7 +50,11 @@ class Intake:
         self._on_done = on_done
         self._sock = context.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.bind(endpoint)
+        try:
+            self._sock.bind(endpoint)
+        except BaseException:
+            self._sock.close(0)  # else the context's term() waits for it forever
+            raise
         self._closed = False
         self._codec = FrameCodec()
         self._reader: asyncio.Task[None] | None = None

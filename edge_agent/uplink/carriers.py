@@ -50,6 +50,17 @@ def open_carrier(
 ) -> Carrier:
     """A DEALER connected to ``endpoint`` with the uplink's socket options (docs/AGENT.md section 4)."""
     sock = context.socket(zmq.DEALER)
+    try:
+        _configure(sock, endpoint, up, curve)
+    except BaseException:
+        sock.close(0)  # else the context's term() waits for it forever
+        raise
+    return Carrier(name, endpoint, sock)
+
+
+def _configure(
+    sock: zmq.asyncio.Socket, endpoint: str, up: UplinkConfig, curve: tuple[bytes, bytes, bytes] | None
+) -> None:
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, up.sndhwm)
     sock.setsockopt(zmq.RCVHWM, up.sndhwm)
@@ -64,7 +75,6 @@ def open_carrier(
         public, secret, server = curve
         sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = public, secret, server
     sock.connect(endpoint)
-    return Carrier(name, endpoint, sock)
 
 
 def best_carrier(carriers: Iterable[Carrier], now: float, dead_after_s: float) -> Carrier | None:

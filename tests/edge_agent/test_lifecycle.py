@@ -7,6 +7,8 @@ import asyncio
 from pathlib import Path
 
 import pytest
+import zmq
+import zmq.asyncio
 
 from edge_agent.agent import EdgeAgent
 from edge_agent.client import EdgeClient
@@ -99,3 +101,29 @@ async def test_serve_closes_the_agent_when_its_start_fails(models_dir: Path, tmp
     assert agent.intake is None
     with pytest.raises(RuntimeError, match="closed"):
         await agent.start()
+
+
+async def test_a_start_that_fails_to_bind_the_intake_raises_and_releases_everything(
+    models_dir: Path, tmp_path: Path
+) -> None:
+    """The intake's port already in use: start() raises the bind error, promptly (the sockets it had
+    made are closed, so the ZeroMQ context can end), and the spool is released."""
+    context = zmq.asyncio.Context()
+    holder = context.socket(zmq.ROUTER)
+    holder.setsockopt(zmq.LINGER, 0)
+    port = holder.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        config = agent_config(
+            NOWHERE,
+            models_dir,
+            tmp_path / "spool",
+            local={"enabled": False},
+            intake=f"tcp://127.0.0.1:{port}",
+        )
+        agent = EdgeAgent(config)
+        with pytest.raises(zmq.ZMQError):
+            await asyncio.wait_for(agent.start(), timeout=BOUND_S)
+    finally:
+        holder.close(0)
+        context.term()
+    assert spool_is_free(agent)
