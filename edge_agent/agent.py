@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import structlog
 import zmq
@@ -29,7 +29,6 @@ from edge_agent.config import AgentConfig, load_config
 from edge_agent.discovery import CarrierEndpoint, Discovered, GatewayDiscovery, parse_nameserver
 from edge_agent.errors import ErrorCounts, ErrorReason
 from edge_agent.intake import Intake
-from edge_agent.local import LocalTier
 from edge_agent.local_batcher import LocalBatcher
 from edge_agent.ops import AgentHttp
 from edge_agent.spool import GroupCommit, Spool
@@ -38,6 +37,9 @@ from edge_agent.uplink import Uplink
 from edgewire import DictionaryStore, FrameCodec, pb
 from routing.holder import PolicyHolder
 from service.logs import LogSettings
+
+if TYPE_CHECKING:  # the local tier needs the agent-local extra (onnxruntime): imported only when enabled
+    from edge_agent.local import LocalTier
 
 __all__ = ["DRAIN_TIMEOUT_S", "FAIL_FAST_REASONS", "AgentStats", "EdgeAgent"]
 
@@ -121,6 +123,8 @@ class EdgeAgent:
             dictionaries.load_dir(cfg.dictionaries)
         codec = FrameCodec(dictionaries=dictionaries, level=cfg.zstd_level, min_saving=cfg.zstd_min_saving)
         if cfg.local.enabled and cfg.local.repository.exists():
+            from edge_agent.local import LocalTier
+
             self.local = LocalTier(cfg.local.repository, cfg.local.threads)
             await self.local.start()
         self.spool = spool = Spool(

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from edgewire import pb
-from inference.backends.base import BackendError, InferCall
+from inference.backends.base import BackendError, InferCall, infer_within
 from inference.backends.onnx import OnnxBackend, OnnxOptions
 from inference.pipeline import worker
 from routing.types import Priority
@@ -55,9 +55,10 @@ class LocalTier:
             )
         if prepared.kept:
             try:
-                result = await self._backend.infer(
-                    InferCall(first.model_name, first.model_version, prepared.inputs, Priority.REALTIME, None)
+                call = InferCall(
+                    first.model_name, first.model_version, prepared.inputs, Priority.REALTIME, None
                 )
+                result = await infer_within(self._backend, call, spec.max_batch_size)
             except BackendError as exc:
                 for i in prepared.kept:
                     out[requests[i].request_id] = self._status(requests[i], pb.STATUS_INTERNAL, str(exc))

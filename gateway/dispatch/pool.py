@@ -12,7 +12,6 @@ batch. The queue is bounded: :meth:`PoolDispatcher.submit` refuses instead of gr
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import re
 import time
 from collections import deque
@@ -20,7 +19,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-import numpy as np
 import structlog
 
 from edgewire import labels, pb
@@ -29,7 +27,15 @@ from gateway.dispatch.breaker import BreakerState, CircuitBreaker
 from gateway.dispatch.cpu import CpuStage, CpuTaskFailed
 from gateway.dispatch.work import PRIORITY_ORDER, WorkItem
 from gateway.ops.metrics import GatewayMetrics
-from inference.backends.base import Backend, BackendError, BackendHealth, InferCall, InferResult, ModelSpec
+from inference.backends.base import (
+    Backend,
+    BackendError,
+    BackendHealth,
+    InferCall,
+    InferResult,
+    ModelSpec,
+    infer_within,
+)
 from inference.pipeline.base import Prepared
 from inference.pipeline.registry import PADDED_PIPELINES, PipelineDeclarations
 from inference.pipeline.text import length_bucket
@@ -577,21 +583,8 @@ class PoolDispatcher:
         return result, kept, t_post
 
     async def _infer(self, call: InferCall, spec: ModelSpec) -> InferResult:
-        """One backend call, or several in turn when the batch has more rows than the model takes.
-
-        Requests can carry many rows each (ranking candidates), and a pool may batch more requests than a
-        model's ``max_batch_size``: the rows are cut into calls of at most that many and the outputs joined.
-        """
-        limit = spec.max_batch_size
-        rows = next(iter(call.inputs.values())).shape[0] if call.inputs and limit > 0 else 0
-        if rows <= limit or limit <= 0:
-            return await self.backend.infer(call)
-        parts = []
-        for start in range(0, rows, limit):
-            chunk = {name: array[start : start + limit] for name, array in call.inputs.items()}
-            parts.append(await self.backend.infer(dataclasses.replace(call, inputs=chunk)))
-        outputs = {name: np.concatenate([p.outputs[name] for p in parts]) for name in parts[0].outputs}
-        return InferResult(outputs=outputs, model_version=parts[0].model_version)
+        """One backend call, or several in turn when the batch has more rows than the model takes."""
+        return await infer_within(self.backend, call, spec.max_batch_size)
 
     def _succeeded(self, infer_s: float, items: int) -> None:
         self.breaker.success()

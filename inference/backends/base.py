@@ -7,6 +7,7 @@ backend, so that one input gives one output whichever pool serves it.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -133,6 +134,24 @@ class Backend(Protocol):
     def health(self) -> BackendHealth: ...
 
     async def aclose(self) -> None: ...
+
+
+async def infer_within(backend: Backend, call: InferCall, max_rows: int) -> InferResult:
+    """``backend.infer(call)``, or several calls in turn when the batch has more rows than the model takes.
+
+    Requests can carry many rows each (ranking candidates), and a batch of requests may hold more rows than
+    a model's ``max_batch_size`` (``max_rows``; 0 = no limit): the rows are cut into calls of at most that
+    many and the outputs joined, so no valid request fails because of how it was batched.
+    """
+    rows = next(iter(call.inputs.values())).shape[0] if call.inputs and max_rows > 0 else 0
+    if rows <= max_rows or max_rows <= 0:
+        return await backend.infer(call)
+    parts = []
+    for start in range(0, rows, max_rows):
+        chunk = {name: array[start : start + max_rows] for name, array in call.inputs.items()}
+        parts.append(await backend.infer(dataclasses.replace(call, inputs=chunk)))
+    outputs = {name: np.concatenate([p.outputs[name] for p in parts]) for name in parts[0].outputs}
+    return InferResult(outputs=outputs, model_version=parts[0].model_version)
 
 
 @runtime_checkable
