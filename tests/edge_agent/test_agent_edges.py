@@ -496,7 +496,8 @@ async def test_a_lost_dictionary_response_is_asked_for_again(models_dir: Path, t
         async with EdgeAgent(config) as agent:
             await wait_for(lambda: len(asked) >= 2, timeout_s=15)
             assert agent.uplink is not None and agent.uplink.dict_id == 0
-    assert asked[1] - asked[0] >= 4.9  # not before the 5 s an answer may take
+    # Not before the 5 s an answer may take: test_uplink's test_a_dictionary_is_asked_for_again_only_after_
+    # the_wait checks that on a controlled clock (a wall-clock bound here would time the machine).
 
 
 async def test_gateway_refusals_are_counted_by_reason(models_dir: Path, tmp_path: Path) -> None:
