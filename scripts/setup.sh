@@ -7,8 +7,9 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 # Debian packages the test suite uses (real tools, not fakes): promtool comes with prometheus,
 # systemd-analyze with systemd, pdns_server and pdnsutil (GeoDNS) with pdns-server and its backends,
-# bird and birdc (a BGP peer for the route health tests) with bird2.
-APT_PACKAGES=(${HKEG_APT_PACKAGES:-iproute2 util-linux prometheus systemd pdns-server pdns-backend-bind pdns-backend-geoip bird2})
+# bird and birdc (a BGP peer for the route health tests) with bird2, nft (black-holed carriers in the
+# recovery tests, inside the tests' own network namespace) with nftables.
+APT_PACKAGES=(${HKEG_APT_PACKAGES:-iproute2 util-linux prometheus systemd pdns-server pdns-backend-bind pdns-backend-geoip bird2 nftables})
 
 if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
     echo "setup: need Python >= 3.11 as \$PYTHON (found $("$PYTHON" --version 2>&1))" >&2
