@@ -32,6 +32,12 @@ from routing.holder import PolicyHolder
 from routing.types import Decision, PoolSignals, Priority, Reason, Tier
 
 log = structlog.get_logger("gateway.ingest")
+_BEFORE_ENVELOPE = frozenset(
+    {pb.REJECT_REASON_WRONG_FRAME_COUNT, pb.REJECT_REASON_HEADER_TOO_LARGE, pb.REJECT_REASON_HEADER_INVALID}
+)
+"""Refusals at steps 1-3 of PROTOCOL.md section 7: there is no envelope to answer by. Frame 0 is not read
+as one even when it would parse: with a frame too many it may not be the envelope at all (a REQ-style
+delimiter), and over ``max_header_bytes`` it is not parsed, which is what that limit is for."""
 
 KIND_LABELS = labels.MESSAGE_KIND
 STATUS_LABELS = labels.STATUS
@@ -435,6 +441,8 @@ class Ingest:
                 suppressed_since_last=suppressed,
             )
         if envelope is None:
+            if exc.reason in _BEFORE_ENVELOPE:
+                return
             try:
                 envelope = pb.Envelope.FromString(bytes(header))
             except Exception:  # noqa: BLE001  (unparseable: there is nobody to tell, and it is counted)
