@@ -370,7 +370,7 @@ async def test_every_sent_nack_reason_is_produced_and_draining_is_as_documented(
         note(ack)
         assert [n.reason for n in ack.nacks] == [pb.NACK_REASON_DRAINING]
         assert (await agent.ping()).draining
-        assert await http_get(gw, "/readyz") == (503, "NOT READY edge_server=ok cloud=ok\n")
+        assert await http_get(gw, "/readyz") == (503, "NOT READY draining edge_server=ok cloud=ok\n")
         assert await http_get(gw, "/health/carriers/hgc") == (503, "STATUS:DRAINING gateway draining\n")
         assert await http_get(gw, "/healthz") == (200, "OK\n")
     assert seen == sent_nacks()

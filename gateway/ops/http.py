@@ -129,14 +129,15 @@ class HealthServer:
         return web.Response(text="OK\n", content_type=_TEXT)
 
     async def _readyz(self, request: web.Request) -> web.Response:
+        """200 ``READY``, or 503 ``NOT READY`` with why: ``draining`` first when it is, then each tier that
+        has pools and its health (``NOT READY draining edge_server=ok cloud=ok``)."""
         snap = self._fresh()
-        if snap is None or not snap.ready:
-            tiers = (
-                ""
-                if snap is None
-                else " ".join(f"{t}={'ok' if ok else 'down'}" for t, ok in snap.tiers.items())
-            )
-            return web.Response(status=503, text=f"NOT READY {tiers}\n", content_type=_TEXT)
+        if snap is None:
+            return web.Response(status=503, text="NOT READY event loop stalled\n", content_type=_TEXT)
+        if not snap.ready:
+            words = ["draining"] if snap.draining else []
+            words += [f"{t}={'ok' if ok else 'down'}" for t, ok in snap.tiers.items()]
+            return web.Response(status=503, text=" ".join(["NOT READY", *words]) + "\n", content_type=_TEXT)
         return web.Response(text="READY\n", content_type=_TEXT)
 
     async def _carrier(self, request: web.Request) -> web.Response:

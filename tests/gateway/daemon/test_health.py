@@ -136,6 +136,15 @@ async def test_drain_turns_every_carrier_draining_at_once(models_dir: Path) -> N
             assert (status, body.split()[0]) == (503, "STATUS:DRAINING")
 
 
+async def test_readyz_names_draining_while_the_gateway_drains(models_dir: Path) -> None:
+    """/readyz is 200 READY until the drain, then 503 with a body that says draining before the tiers'
+    health (which is fine: draining alone is why it is not ready)."""
+    async with run_gateway(models_dir=models_dir) as gw:
+        assert await get(gw, "/readyz") == (200, "READY\n")
+        await gw.drain()
+        assert await get(gw, "/readyz") == (503, "NOT READY draining edge_server=ok cloud=ok\n")
+
+
 async def test_health_is_answered_while_the_event_loop_is_blocked(models_dir: Path) -> None:
     """The HTTP thread answers while the ingest loop is wedged, and says DOWN once the snapshot is stale."""
     async with run_gateway(models_dir=models_dir) as gw:
