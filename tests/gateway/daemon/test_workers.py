@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -90,17 +91,18 @@ async def test_a_dead_worker_fails_its_task_is_replaced_and_queued_tasks_run(poo
 
 
 async def test_a_task_past_the_timeout_gets_its_worker_killed_and_the_rest_run() -> None:
-    """A task running past task_timeout_s fails with TaskTimedOut once its worker is gone; the worker is
-    replaced, the task queued behind it is served by the new one, and the timeout is counted."""
+    """A task running past task_timeout_s fails with TaskTimedOut once its worker is gone (not with its own
+    result, 60 s later); the worker is replaced, the task queued behind it is served by the new one, and
+    the timeout is counted. The watchdog's own record says the task ran past the timeout before the kill."""
     timeouts: list[int] = []
     async with running(task_timeout_s=0.4, on_timeout=lambda: timeouts.append(1)) as workers:
         (victim,) = workers.pids()
-        started = time.monotonic()
         hung = workers.submit(sleep_then, 60.0, 1)
         behind = [workers.submit(double, i) for i in range(3)]
-        with pytest.raises(TaskTimedOut, match=r"task_timeout_s 0\.4"):
+        with pytest.raises(TaskTimedOut, match=r"ran (\d+\.\d) s \(task_timeout_s 0\.4\)") as caught:
             await asyncio.wait_for(hung, timeout=10)
-        assert 0.4 <= time.monotonic() - started < 5.0
+        ran = re.search(r"ran (\d+\.\d) s", str(caught.value))
+        assert ran is not None and float(ran.group(1)) >= 0.4, caught.value
         assert await asyncio.gather(*behind) == [0, 2, 4]
         assert workers.timeouts == 1
         assert timeouts == [1]
