@@ -35,6 +35,13 @@ from typing import Any
 import structlog
 
 log = structlog.get_logger("gateway.cpu")
+ProcessContext = (
+    multiprocessing.context.ForkServerContext
+    | multiprocessing.context.SpawnContext
+    | multiprocessing.context.ForkContext
+)
+"""A start method's context: what ``multiprocessing.get_context(<method>)`` returns (a plain BaseContext
+has no ``Process`` to start)."""
 QUEUED_TASK_MAX_BYTES = 16 << 10
 """A task waits in a busy worker's pipe only if it is this small: the pipe's buffer takes it without
 blocking the loop. Larger ones (a finish task with its outputs, requests that did not fit the arena) are
@@ -109,7 +116,7 @@ class WorkerPool:
     def __init__(
         self,
         workers: int,
-        context: multiprocessing.context.BaseContext,
+        context: ProcessContext,
         *,
         initializer: Callable[[], None] | None = None,
         on_restart: Callable[[], None] | None = None,
@@ -169,7 +176,7 @@ class WorkerPool:
 
     def _spawn(self) -> _Worker:
         ours, theirs = self._context.Pipe(duplex=True)
-        process = self._context.Process(  # type: ignore[attr-defined]
+        process = self._context.Process(
             target=serve, args=(theirs, self._initializer), daemon=True, name="hkgw-cpu"
         )
         process.start()

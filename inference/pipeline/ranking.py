@@ -295,8 +295,9 @@ def _packed(packed: bytes, values: Sequence[float]) -> bytes | np.ndarray:
 
 def packed_floats32(parts: Sequence[bytes | np.ndarray]) -> np.ndarray:
     """Packed float32 parts (bytes, or arrays for fields read value by value) as one float32 array."""
-    if all(isinstance(p, bytes) for p in parts):
-        return np.frombuffer(b"".join(parts), dtype="<f4").astype(np.float32, copy=False)  # type: ignore[arg-type]
+    packed = [p for p in parts if isinstance(p, bytes)]
+    if len(packed) == len(parts):
+        return np.frombuffer(b"".join(packed), dtype="<f4").astype(np.float32, copy=False)
     return np.concatenate(
         [np.frombuffer(p, dtype="<f4") if isinstance(p, bytes) else p for p in parts]
     ).astype(np.float32, copy=False)

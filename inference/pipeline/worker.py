@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import cast
 
 import numpy as np
 
@@ -36,8 +37,8 @@ def prepare_batch(
     sources: Sequence[bytes | memoryview] = (
         payloads_in(slot, lengths) if slot is not None and lengths else payloads
     )
-    # FromString takes any buffer; the stubs say bytes
-    requests = [pb.InferRequest.FromString(p) for p in sources]  # type: ignore[arg-type]
+    # upb parses any buffer without a copy (the arena's views included); the stubs only admit bytes.
+    requests = [pb.InferRequest.FromString(cast(bytes, p)) for p in sources]
     prepared = prepare_requests(pipeline, spec, requests)
     if slot is not None and prepared.inputs:
         placed = place(slot, prepared.inputs, start=sum(lengths))
