@@ -25,6 +25,7 @@ from edgewire.extras import optional_dependency
 from gateway.capture.recorder import CaptureRecorder
 from gateway.capture.redact import Redactor
 from gateway.config import GatewayConfig, load_config
+from gateway.dispatch.batch_limits import batch_limit_warnings
 from gateway.dispatch.breaker import CircuitBreaker
 from gateway.dispatch.cpu import CpuStage, default_workers
 from gateway.dispatch.pool import PoolDispatcher
@@ -129,6 +130,8 @@ class Gateway:
         cfg = self.config
         try:
             admin_token = self._admin_token()  # a bad file fails before any slow backend start
+            for warning in batch_limit_warnings(cfg):  # what check-config says, for who never ran it
+                log.warning("pool batches more than a model takes", detail=warning)
             await self._start_backends()
             self._ctx = zmq.asyncio.Context()
             limits = CodecLimits(
