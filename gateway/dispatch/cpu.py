@@ -27,7 +27,7 @@ from gateway.dispatch.workers import TaskTimedOut, WorkerDied, WorkerPool
 from gateway.ops.metrics import GatewayMetrics
 from inference.backends.base import BackendError, ModelSpec
 from inference.pipeline import worker
-from inference.pipeline.arena import FeatureArena, Slot, shm_free_bytes
+from inference.pipeline.arena import FeatureArena, Slot, remove_leftover_arenas, shm_free_bytes
 from inference.pipeline.base import Prepared
 from inference.pipeline.registry import CHEAP_PIPELINES, LOOP_PIPELINES
 
@@ -84,6 +84,7 @@ class CpuStage:
 
     def start(self) -> None:
         if self._arena_slots and self.arena is None:
+            remove_leftover_arenas()  # first: a killed predecessor's block may fill a container's /dev/shm
             slots = self._arena_slots_that_fit()
             if slots:
                 self.arena = FeatureArena(slots, self._arena_slot_bytes)

@@ -10,11 +10,21 @@ numpy views of those to the backend and gives the slot back when the backend cal
 
 Bounded: a fixed number of slots of a fixed size. A batch that finds no free slot, or whose tensors do not
 fit in one, travels the ordinary way (counted in ``hkgw_cpu_arena_fallbacks_total``).
+
+Left behind: a gateway killed with SIGKILL (its resource tracker with it, as systemd kills a whole unit)
+cannot unlink its block, and /dev/shm would keep it until reboot. So a block is named
+``hkgw-arena-<pid>-<n>`` and its owner holds an exclusive ``flock`` on it from before it has a size until
+it is unlinked; the kernel drops the lock when the owner dies, however it dies. A starting CPU stage removes
+the blocks of that prefix that have a size and whose lock nobody holds (:func:`remove_leftover_arenas`, a
+bounded look at /dev/shm) before it measures the room there. The lock, not the pid, says whether the owner
+lives: a pid may be reused, or belong to another pid namespace.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import itertools
 import mmap
 import os
 from collections.abc import Mapping, Sequence
@@ -23,11 +33,19 @@ from multiprocessing import shared_memory
 from pathlib import Path
 
 import numpy as np
+import structlog
 
 ALIGN = 64  # every tensor starts on a cache line
 SHM_DIR = "/dev/shm"  # noqa: S108  (where Linux keeps POSIX shared memory; the names are the gateway's own)
 Placed = dict[str, tuple[int, str, tuple[int, ...]]]
 """Input name -> (byte offset in the arena, numpy dtype string, shape)."""
+ARENA_PREFIX = "hkgw-arena-"
+"""The gateway's blocks are ``hkgw-arena-<owner pid>-<n>``: the only names it ever removes."""
+LEFTOVER_SCAN_MAX = 4096
+"""Entries of /dev/shm looked at when an arena starts: a bound on that work, whatever else is there."""
+
+log = structlog.get_logger("inference.arena")
+_numbers = itertools.count()
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,10 +63,9 @@ class FeatureArena:
 
     def __init__(self, slots: int, slot_bytes: int) -> None:
         self.slot_bytes = slot_bytes - slot_bytes % ALIGN
-        self._shm: shared_memory.SharedMemory | None = shared_memory.SharedMemory(
-            create=True, size=slots * self.slot_bytes
-        )
-        self.name = self._shm.name
+        shm, self._lock = _create_block(slots * self.slot_bytes)
+        self._shm: shared_memory.SharedMemory | None = shm
+        self.name = shm.name
         self._free = list(range(slots - 1, -1, -1))  # lowest index lent first: untouched slots stay unmapped
         self.slots = slots
 
@@ -98,7 +115,72 @@ class FeatureArena:
             return
         with contextlib.suppress(BufferError):  # a view still exists: the mapping stays, the name goes
             shm.close()
-        shm.unlink()
+        try:
+            shm.unlink()
+        finally:
+            os.close(self._lock)  # after the unlink: a live block is never seen unlocked
+
+
+def _create_block(size: int) -> tuple[shared_memory.SharedMemory, int]:
+    """A new block named for this process, and the descriptor that holds its owner's lock."""
+    for _ in range(64):  # a name still taken (a locked block of another pid namespace): the next number
+        name = f"{ARENA_PREFIX}{os.getpid()}-{next(_numbers)}"
+        path = Path(SHM_DIR) / name
+        try:
+            lock = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            continue
+        try:
+            # Locked while still empty: remove_leftover_arenas passes over empty blocks, so it never sees
+            # this one unlocked.
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.ftruncate(lock, size)
+            return shared_memory.SharedMemory(name=name), lock
+        except BaseException:
+            os.close(lock)
+            path.unlink()
+            raise
+    raise FileExistsError(f"every {ARENA_PREFIX}{os.getpid()}-<n> name tried is taken in {SHM_DIR}")
+
+
+def remove_leftover_arenas() -> list[str]:
+    """Unlink the gateway blocks in /dev/shm whose owner is gone: a size, and nobody holds their lock.
+    Returns the names removed, each logged. At most ``LEFTOVER_SCAN_MAX`` entries are looked at; names
+    without ``ARENA_PREFIX`` are never touched."""
+    removed: list[str] = []
+    try:
+        entries = os.scandir(SHM_DIR)
+    except OSError:
+        return removed
+    with entries:
+        for entry in itertools.islice(entries, LEFTOVER_SCAN_MAX):
+            if not entry.name.startswith(ARENA_PREFIX):
+                continue
+            try:
+                size = entry.stat(follow_symlinks=False).st_size
+                if not size or not _unlocked(entry.path):
+                    continue
+                os.unlink(entry.path)
+            except FileNotFoundError:  # another gateway starting removed it first
+                continue
+            except OSError as exc:  # e.g. another user's block: /dev/shm is sticky, and it is mode 0600
+                log.warning("cannot check or remove a CPU arena block", name=entry.name, error=str(exc))
+                continue
+            removed.append(entry.name)
+            log.warning("removed a CPU arena its gateway left", name=entry.name, bytes=size)
+    return removed
+
+
+def _unlocked(path: str) -> bool:
+    """Nobody holds the block's owner lock (taken for a moment to find out)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
 def shm_free_bytes() -> int | None:
