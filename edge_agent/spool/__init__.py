@@ -1,9 +1,11 @@
-"""The agent's on-disk spool: a write-ahead log of requests not yet accepted by the gateway.
+"""The agent's on-disk spool: a write-ahead log of requests not answered yet, and of who asked.
 
-Batch-class and interactive requests are appended here before the local caller is acknowledged, and stay
-until the gateway acks them. After a crash (kill -9, power loss) the spool reopens, skips and counts what
-was torn or corrupted, and hands back everything else for resending. It never refuses to start over bad
-content; only an unusable directory (permissions, another live agent holding it) raises.
+Batch-class and interactive requests are appended here, with their caller's identity, before the local
+caller is acknowledged, and stay until their caller has been answered (or they expire). After a crash
+(kill -9, power loss) the spool reopens, skips and counts what was torn or corrupted, and hands back
+everything else, caller included, so the agent asks Hong Kong again and answers the caller that asked. It
+never refuses to start over bad content; only an unusable directory (permissions, another live agent
+holding it) raises.
 
 Modules: ``records`` (the on-disk record format and the reader recovery uses), ``segments`` (the
 directory, its lock and segment files), ``store`` (``Spool``: what is live, recovery, the size cap,
@@ -22,7 +24,9 @@ from edge_agent.spool.records import (
     HEADER_BYTES,
     KEY_BYTES,
     MAGIC,
+    MAX_CALLER_BYTES,
     VERSION,
+    VERSIONS,
     RecordKind,
     ScannedRecord,
     SegmentScan,
@@ -30,7 +34,14 @@ from edge_agent.spool.records import (
     scan_segment,
 )
 from edge_agent.spool.segments import LOCK_NAME, SEGMENT_SUFFIX, FsyncPolicy, SpoolBusyError
-from edge_agent.spool.store import DROP_REASONS, AppendResult, DropReason, FullPolicy, Spool
+from edge_agent.spool.store import (
+    DROP_REASONS,
+    AppendResult,
+    DropReason,
+    FullPolicy,
+    Spool,
+    SpooledRequest,
+)
 
 __all__ = [
     "DROP_REASONS",
@@ -38,8 +49,10 @@ __all__ = [
     "KEY_BYTES",
     "LOCK_NAME",
     "MAGIC",
+    "MAX_CALLER_BYTES",
     "SEGMENT_SUFFIX",
     "VERSION",
+    "VERSIONS",
     "AppendResult",
     "DropReason",
     "FsyncPolicy",
@@ -50,6 +63,7 @@ __all__ = [
     "SegmentScan",
     "Spool",
     "SpoolBusyError",
+    "SpooledRequest",
     "encode_record",
     "scan_segment",
 ]

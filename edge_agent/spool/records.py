@@ -5,13 +5,19 @@ Record layout (little-endian), one after another in a segment::
     offset size field
     0      4    magic       b"\\x89WAL"
     4      4    crc32       zlib.crc32 over bytes 8.. of the header, then key, then value
-    8      1    version     1
-    9      1    kind        1 = PUT (a request), 2 = DEL (tombstone: the gateway acked the key)
+    8      1    version     1, or 2 for a PUT that names its caller
+    9      1    kind        1 = PUT (a request), 2 = DEL (tombstone: the request needs no resend)
     10     2    key_len     16 (the request id)
-    12     4    value_len   payload length; 0 for DEL
+    12     4    value_len   value length; 0 for DEL
     16     8    stamp       unix seconds when appended (float64), for ``oldest_age_s`` after a restart
     24     8    deadline    unix seconds (float64) after which the request is worthless; 0 = none
     32     ...  key, then value
+
+The value of a version 1 PUT is the serialized request. A version 2 PUT's value is one byte ``caller_len``
+(1..255), the caller's identity (its intake routing id), then the serialized request: so a restarted agent
+knows whom to answer. A PUT without a caller and every DEL are written as version 1, byte for byte what
+agents before version 2 wrote, so their spool files load unchanged (an older agent skips a version 2
+record as corrupt: downgrading loses the spooled requests that named a caller).
 
 Damage followed by a valid record is ``corrupt`` (skipped by its length when the header is plausible,
 otherwise by scanning for the next magic that starts a record with a good checksum); damage that runs to
@@ -27,8 +33,11 @@ from dataclasses import dataclass, field
 from typing import Final
 
 MAGIC: Final = b"\x89WAL"
-VERSION: Final = 1
+VERSION: Final = 2
+"""The newest record version written (a PUT with a caller); ``VERSIONS`` are those read."""
+VERSIONS: Final = (1, 2)
 KEY_BYTES: Final = 16
+MAX_CALLER_BYTES: Final = 255
 
 _HEADER: Final = struct.Struct("<4sI")  # magic, crc32
 _REST: Final = struct.Struct("<BBHIdd")  # version, kind, key_len, value_len, stamp, deadline
@@ -42,9 +51,18 @@ class RecordKind(enum.IntEnum):
     DEL = 2
 
 
-def encode_record(kind: RecordKind, key: bytes, value: bytes, stamp: float, deadline: float) -> bytes:
-    """One record in the on-disk layout described in the module docstring."""
-    rest = _REST.pack(VERSION, kind, len(key), len(value), stamp, deadline)
+def encode_record(
+    kind: RecordKind, key: bytes, value: bytes, stamp: float, deadline: float, caller: bytes = b""
+) -> bytes:
+    """One record in the on-disk layout described in the module docstring: version 2 when a PUT names its
+    ``caller``, else version 1."""
+    version = 1
+    if caller:
+        if kind != RecordKind.PUT or len(caller) > MAX_CALLER_BYTES:
+            raise ValueError(f"a caller goes on a PUT only, 1..{MAX_CALLER_BYTES} bytes")
+        version = 2
+        value = bytes([len(caller)]) + caller + value
+    rest = _REST.pack(version, kind, len(key), len(value), stamp, deadline)
     crc = zlib.crc32(value, zlib.crc32(key, zlib.crc32(rest)))
     return _HEADER.pack(MAGIC, crc) + rest + key + value
 
@@ -59,6 +77,8 @@ class ScannedRecord:
     key: bytes
     stamp: float
     deadline: float
+    caller: bytes = b""  # who asked (version 2), empty when not known
+    payload_at: int = HEADER_BYTES + KEY_BYTES  # where the serialized request starts, from ``offset``
 
 
 @dataclass(slots=True)
@@ -81,14 +101,22 @@ def _parse_at(buf: memoryview, pos: int) -> ScannedRecord | None:
         return None
     version, kind, key_len, value_len, stamp, deadline = _REST.unpack_from(buf, pos + _HEADER.size)
     size = HEADER_BYTES + key_len + value_len
-    if version != VERSION or key_len != KEY_BYTES or pos + size > end:
+    if version not in VERSIONS or key_len != KEY_BYTES or pos + size > end:
         return None
     if kind not in (RecordKind.PUT, RecordKind.DEL) or (kind == RecordKind.DEL and value_len):
         return None
+    value_at = pos + HEADER_BYTES + key_len
+    caller_len = buf[value_at] if version == 2 and value_len else 0
+    if version == 2 and (kind != RecordKind.PUT or not caller_len or 1 + caller_len > value_len):
+        return None
     if zlib.crc32(buf[pos + _HEADER.size : pos + size]) != crc:
         return None
-    key = bytes(buf[pos + HEADER_BYTES : pos + HEADER_BYTES + key_len])
-    return ScannedRecord(pos, size, RecordKind(kind), key, stamp, deadline)
+    key = bytes(buf[pos + HEADER_BYTES : value_at])
+    if version == 1:
+        return ScannedRecord(pos, size, RecordKind(kind), key, stamp, deadline)
+    caller = bytes(buf[value_at + 1 : value_at + 1 + caller_len])
+    payload_at = HEADER_BYTES + key_len + 1 + caller_len
+    return ScannedRecord(pos, size, RecordKind(kind), key, stamp, deadline, caller, payload_at)
 
 
 def _resync(buf: memoryview, data: bytes, pos: int) -> int:

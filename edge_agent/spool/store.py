@@ -1,6 +1,7 @@
 """``Spool``: which requests are live, recovery after a crash, the size cap and expiry.
 
-Lifecycle of a record: a PUT is live until it is acked (a DEL record is appended), it expires (its
+Lifecycle of a record: a PUT (the request, and the caller that asked when it is known) is live until it
+is acked (a DEL record is appended: the agent answered it), it expires (its
 deadline passes: ``purge_expired`` and recovery drop it using the header alone, no tombstone is written),
 or the spool is full under ``drop_oldest`` (its whole segment file is deleted). Live data is never
 rewritten: a segment file is deleted once none of its PUTs is live and every PUT its tombstones killed is
@@ -25,10 +26,17 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Literal, get_args
+from typing import Final, Literal, NamedTuple, get_args
 
 from edge_agent.deadlines import DeadlineHeap
-from edge_agent.spool.records import HEADER_BYTES, KEY_BYTES, RecordKind, encode_record, scan_segment
+from edge_agent.spool.records import (
+    HEADER_BYTES,
+    KEY_BYTES,
+    MAX_CALLER_BYTES,
+    RecordKind,
+    encode_record,
+    scan_segment,
+)
 from edge_agent.spool.segments import FsyncPolicy, SegmentFiles
 
 FullPolicy = Literal["block", "drop_oldest", "drop_newest"]
@@ -45,6 +53,15 @@ class AppendResult(enum.StrEnum):
     TOO_LARGE = "too_large"  # the record alone exceeds max_bytes: refused and counted under any policy
 
 
+class SpooledRequest(NamedTuple):
+    """A live record as ``Spool.records()`` hands it back."""
+
+    request_id: bytes
+    payload: bytes  # the serialized request
+    deadline: float  # unix seconds; 0 = none
+    caller: bytes  # the intake routing id of the caller that asked; empty when not known
+
+
 @dataclass(frozen=True, slots=True)
 class _Entry:
     seq: int
@@ -52,6 +69,8 @@ class _Entry:
     size: int
     deadline: float
     stamp: float
+    caller: bytes = b""
+    payload_at: int = HEADER_BYTES + KEY_BYTES  # from ``offset``
 
 
 class Spool:
@@ -125,17 +144,24 @@ class Spool:
         oldest = next(iter(self._live.values()), None)
         return 0.0 if oldest is None else max(0.0, self._clock() - oldest.stamp)
 
-    def append(self, request_id: bytes, payload: bytes, deadline: float = 0.0) -> AppendResult:
-        """Write one request; once this returns ``STORED`` it comes back from ``pending()`` until acked.
+    def append(
+        self, request_id: bytes, payload: bytes, deadline: float = 0.0, caller: bytes = b""
+    ) -> AppendResult:
+        """Write one request, and the ``caller`` that asked (its intake routing id, at most 255 bytes;
+        empty = not known); once this returns ``STORED`` it comes back from ``pending()`` and
+        ``records()`` until acked.
 
         Appending an id that is already live writes nothing and returns ``STORED`` (a retried request).
         """
         self._check_open()
         if len(request_id) != KEY_BYTES:
             raise ValueError(f"request_id must be {KEY_BYTES} bytes, got {len(request_id)}")
+        if len(caller) > MAX_CALLER_BYTES:
+            raise ValueError(f"caller must be at most {MAX_CALLER_BYTES} bytes, got {len(caller)}")
         if request_id in self._live:
             return AppendResult.STORED
-        size = HEADER_BYTES + KEY_BYTES + len(payload)
+        prefix = 1 + len(caller) if caller else 0
+        size = HEADER_BYTES + KEY_BYTES + prefix + len(payload)
         if size > self._max_bytes:
             self.drops["too_large"] += 1
             return AppendResult.TOO_LARGE
@@ -146,12 +172,16 @@ class Spool:
             self.drops["dropped_newest"] += 1
             return AppendResult.DROPPED_NEWEST
         stamp = self._clock()
-        seq, offset = self._files.write(encode_record(RecordKind.PUT, request_id, payload, stamp, deadline))
-        self._remember(request_id, _Entry(seq, offset, size, deadline, stamp))
+        record = encode_record(RecordKind.PUT, request_id, payload, stamp, deadline, caller)
+        seq, offset = self._files.write(record)
+        self._remember(
+            request_id,
+            _Entry(seq, offset, size, deadline, stamp, caller, HEADER_BYTES + KEY_BYTES + prefix),
+        )
         return AppendResult.STORED
 
     def ack(self, request_ids: Iterable[bytes]) -> int:
-        """Mark records delivered (the gateway accepted them); returns how many were live until now."""
+        """Mark records done (answered, or refused after all); returns how many were live until now."""
         self._check_open()
         stamp = self._clock()
         killed: list[_Entry] = []
@@ -171,7 +201,13 @@ class Spool:
         return len(killed)
 
     def pending(self) -> Iterator[tuple[bytes, bytes, float]]:
-        """``(request_id, payload, deadline)`` of the live records in append order.
+        """``(request_id, payload, deadline)`` of the live records in append order (``records()`` without
+        the caller)."""
+        for record in self.records():
+            yield record.request_id, record.payload, record.deadline
+
+    def records(self) -> Iterator[SpooledRequest]:
+        """The live records in append order, each with the caller that asked.
 
         A snapshot taken at the first ``next()``; records acked or dropped while iterating are skipped.
         """
@@ -185,9 +221,8 @@ class Spool:
                 fd = readers.get(entry.seq)
                 if fd is None:
                     fd = readers[entry.seq] = os.open(self._files.segments[entry.seq].path, os.O_RDONLY)
-                value_bytes = entry.size - HEADER_BYTES - KEY_BYTES
-                payload = os.pread(fd, value_bytes, entry.offset + HEADER_BYTES + KEY_BYTES)
-                yield request_id, payload, entry.deadline
+                payload = os.pread(fd, entry.size - entry.payload_at, entry.offset + entry.payload_at)
+                yield SpooledRequest(request_id, payload, entry.deadline, entry.caller)
         finally:
             for fd in readers.values():
                 os.close(fd)
@@ -241,6 +276,7 @@ class Spool:
         now = self._clock()
         files = self._files
         seqs, self.ignored_files = files.found()
+        callers: dict[bytes, bytes] = {}  # one bytes object per caller, however many records name it
         for seq in seqs:
             path = files.path(seq)
             data = path.read_bytes()
@@ -263,8 +299,18 @@ class Spool:
                     # Only a clock stepped backwards can bring back an expired PUT of a re-appended id;
                     # the later PUT wins.
                     self._forget(record.key)
+                    caller = callers.setdefault(record.caller, record.caller)
                     self._remember(
-                        record.key, _Entry(seq, record.offset, record.size, record.deadline, record.stamp)
+                        record.key,
+                        _Entry(
+                            seq,
+                            record.offset,
+                            record.size,
+                            record.deadline,
+                            record.stamp,
+                            caller,
+                            record.payload_at,
+                        ),
                     )
         files.open_after(max(seqs, default=0))
         self._collect()
