@@ -254,6 +254,8 @@ def _check_config(path: Path) -> int:
         for key, message in exc.problems:
             print(f"{path}: {key}: {message}", file=sys.stderr)
         return EXIT_CONFIG
+    from gateway.dispatch.batch_limits import batch_limit_warnings
+
     for warning in batch_limit_warnings(config):
         print(f"{path}: warning: {warning}", file=sys.stderr)
     print(
@@ -261,56 +263,6 @@ def _check_config(path: Path) -> int:
         f"{len(config.backends)} backends)"
     )
     return 0
-
-
-def batch_limit_warnings(config: GatewayConfig) -> list[str]:
-    """A line for each pool batching more requests than one of its models takes (Triton's
-    ``max_batch_size`` in the model's config.pbtxt, read from backends with a local ``repository``).
-
-    Not an error: the pool cuts that model's batches at the model's limit (``batch_limit``), so the
-    configured size is never reached for it. Remote backends' models are not read here.
-    """
-    from gateway.dispatch.pool import batch_limit
-    from inference.backends.modelrepo import (
-        CONFIG_FILENAME,
-        ModelRepositoryError,
-        load_model_config,
-        spec_from_config,
-    )
-    from inference.models.demo import DEMO_MODELS, demo_config
-
-    routing_pools = {pool.name: pool for pool in config.routing.pools}
-    warnings: list[str] = []
-    for name, dispatch in sorted(config.pools.items()):
-        repository = config.backends.get(dispatch.backend, {}).get("repository")
-        routed = routing_pools.get(name)
-        if not isinstance(repository, str) or routed is None or not dispatch.batching:
-            continue
-        for model in routed.models:
-            path = Path(repository) / model / CONFIG_FILENAME
-            try:
-                if path.is_file():
-                    model_config = load_model_config(path)
-                elif repository == DEFAULT_MODELS_DIR and model in DEMO_MODELS:
-                    model_config = demo_config(model)  # written there on the first run
-                else:
-                    continue
-                spec = spec_from_config(model_config, "", path)
-            except ModelRepositoryError as exc:
-                warnings.append(f"pools.{name}: cannot read model {model}: {exc}")
-                continue
-            limit = batch_limit(dispatch.max_batch_size, spec)
-            if spec.server_batching or limit >= dispatch.max_batch_size:
-                continue
-            if spec.max_batch_size <= 0:
-                why = f"model {model} does not batch (max_batch_size 0 in {path})"
-            else:
-                why = f"model {model} takes at most {spec.max_batch_size} ({path})"
-            warnings.append(
-                f"pools.{name}.max_batch_size: {dispatch.max_batch_size}, but {why}; "
-                f"its batches are cut at {limit}"
-            )
-    return warnings
 
 
 def _keygen(out: Path, agent: str | None, region: str) -> int:
@@ -339,6 +291,10 @@ def _ensure_demo_models(config: GatewayConfig) -> None:
 
 def run(config: GatewayConfig, config_path: Path | None, overrides: Mapping[str, Any] | None = None) -> int:
     """Serve until stopped; ``overrides`` (the command line's) are applied again at each SIGHUP."""
+    if config.cpu.mode == "process":
+        from gateway.dispatch.workers import start_forkserver
+
+        start_forkserver()  # its imports run on another core while this process imports the rest
     from gateway.server import Gateway, GatewayStartError
     from service.logs import configure_logging
     from service.runtime import run_main
