@@ -7,7 +7,7 @@ from pathlib import Path
 from edge_agent.local import LocalTier
 from edgewire import new_id, pb
 from inference.models.demo import IMAGE_MAX_BATCH, IMAGE_MODEL
-from tests.gateway.pipeline.test_image import jpeg
+from tests.inference.pipeline.test_image import jpeg
 
 
 async def test_a_batch_over_the_models_maximum_is_served_whole(models_dir: Path) -> None:

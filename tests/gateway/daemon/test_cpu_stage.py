@@ -26,7 +26,7 @@ from inference.pipeline.arena import ALIGN, FeatureArena, place
 from inference.pipeline.base import Prepared
 from inference.pipeline.tensor import tensor_from_array
 from tests.gateway.daemon.test_serving import synthetic
-from tests.gateway.pipeline.specs import demo_spec
+from tests.inference.pipeline.specs import demo_spec
 
 
 async def test_pipelines_run_in_other_processes(models_dir: Path) -> None:

@@ -20,7 +20,7 @@ from inference.pipeline.ranking import (
 )
 from inference.pipeline.tensor import InvalidInput
 from tests.gateway.backends.serving import synthetic
-from tests.gateway.pipeline.specs import demo_spec
+from tests.inference.pipeline.specs import demo_spec
 
 SPEC = demo_spec("rank-mlp")
 

@@ -13,7 +13,7 @@ from edgewire import pb
 from inference.models import IMAGE_LABELS
 from inference.pipeline.image import ImagePipeline
 from inference.pipeline.tensor import InvalidInput, decode_bytes
-from tests.gateway.pipeline.specs import demo_spec
+from tests.inference.pipeline.specs import demo_spec
 
 SPEC = demo_spec("image-classifier")
 MEAN = (0.485, 0.456, 0.406)

@@ -16,7 +16,7 @@ from inference.pipeline import tokenizer
 from inference.pipeline.tensor import InvalidInput
 from inference.pipeline.text import LENGTH_BUCKETS, TextPipeline, length_bucket, tokenize
 from inference.pipeline.textsize import MAX_TEXT_CHARS, estimated_tokens
-from tests.gateway.pipeline.specs import demo_spec
+from tests.inference.pipeline.specs import demo_spec
 
 SPEC = demo_spec("text-encoder")
 
