@@ -1,10 +1,12 @@
 """The intake's decision table: what becomes of each request of a frame (docs/AGENT.md section 4).
 
-In order: a reused id is refused; the routing policy's edge-device tier with a local model serves it
-here; a realtime request whose deadline cannot cover the round trip is served locally where a model
-exists, else failed fast; with the in-flight window full it is refused (retryable); a spooled class is
-appended to the spool (refused when the spool does not store it); the rest goes to Hong Kong. Under
-``fsync = "batch"`` the spooled requests and the frame's Ack wait for a group fsync that covers them.
+In order: an id its caller sent before is re-attached (the caller reconnected: it waits again, or gets
+its parked answer now), an id used by another caller is refused; the routing policy's edge-device tier
+with a local model serves it here; a realtime request whose deadline cannot cover the round trip is
+served locally where a model exists, else failed fast; with the in-flight window full it is refused
+(retryable); a spooled class is appended to the spool with its caller's identity (refused when the spool
+does not store it); the rest goes to Hong Kong. Under ``fsync = "batch"`` the spooled requests and the
+frame's Ack wait for a group fsync that covers them.
 """
 
 from __future__ import annotations
@@ -32,6 +34,12 @@ from routing.types import Priority, Tier
 log = structlog.get_logger("edge_agent")
 
 RETRY_AFTER_MS = 200  # of an intake refusal: the window or the spool is full
+
+
+def durable_caller(caller: bytes) -> bytes:
+    """The identity a restarted agent can answer: the caller's routing id, unless libzmq made it up (it
+    starts with a zero byte and is not seen again after a reconnect); b"" then."""
+    return caller if caller[:1] != b"\x00" else b""
 
 
 class Route(enum.Enum):
@@ -67,6 +75,7 @@ class Admission:
         self._stats = stats
         self._errors = errors
         self.reserved = 0  # spooled requests counted against the in-flight window, not yet submitted
+        self.reattached = 0  # requests sent again by their caller and attached to what the agent held
 
     def take(self, caller: bytes, requests: list[pb.InferRequest]) -> Coroutine[Any, Any, None] | None:
         """Decide, spool, queue and send what a frame holds; the Ack goes back now, or, when requests of
@@ -80,16 +89,16 @@ class Admission:
         rtt = self._uplink.rtt_s()
         for request in requests:
             self._stats.received += 1
-            if not self._new_id(request, ack):
+            if not self._new_id(caller, request, ack):
                 continue
             route = self._route(request, policy, wall, rtt)
             if route is Route.LOCAL:
                 local[(request.model_name, request.model_version)].append(request)
             elif route is Route.FAIL_FAST:
                 self._callers.fail_fast(caller, request, "round_trip")
-            elif self._admit(request, ack, len(direct) + len(spooled)):
+            elif self._admit(caller, request, ack, len(direct) + len(spooled)):
                 (spooled if self._spooled(request) else direct).append(request)
-                self._callers.wait_for(request.request_id, caller)
+                self._callers.wait_for(request.request_id, caller, request.deadline_unix_us)
         if local and self._local is not None:
             self._local.add(caller, local)
         self._accept(ack, direct)
@@ -101,15 +110,29 @@ class Admission:
         self._callers.ack(caller, ack)
         return None
 
-    def _new_id(self, request: pb.InferRequest, ack: pb.Ack) -> bool:
-        """Give a request without a valid id a new one; refuse one whose id is in use (False)."""
-        if not is_valid_id(request.request_id):
+    def _new_id(self, caller: bytes, request: pb.InferRequest, ack: pb.Ack) -> bool:
+        """Give a request without a valid id a new one (True). An id this agent holds is not taken again
+        (False): sent again by the caller it is held for (after a reconnect, or a restart of either side),
+        it is re-attached, listed in the Ack's ``duplicate_ids``, and its parked answer, if any, goes now;
+        an id held for another caller, or answered already, is refused."""
+        rid = request.request_id
+        if not is_valid_id(rid):
             request.request_id = new_id()
             return True
-        if request.request_id in self._callers or self._uplink.knows(request.request_id):
+        waiter = self._callers.waiter(rid)
+        if waiter is None and self._callers.claim(caller, rid):
+            waiter = caller
+        elif waiter == b"":  # spooled by an agent that did not record callers: this one asks for it
+            self._callers.wait_for(rid, caller, request.deadline_unix_us)
+            waiter = caller
+        if waiter == caller:
+            ack.duplicate_ids.append(rid)
+            self.reattached += 1
+            return False
+        if waiter is not None or self._uplink.knows(rid):
             ack.nacks.append(
                 pb.Nack(
-                    request_id=request.request_id,
+                    request_id=rid,
                     reason=pb.NACK_REASON_INVALID_REQUEST,
                     detail="request id already used: every request needs a new id",
                 )
@@ -140,7 +163,7 @@ class Admission:
     def _spooled(self, request: pb.InferRequest) -> bool:
         return wire_priority(request.priority).value in self._config.spool.classes
 
-    def _admit(self, request: pb.InferRequest, ack: pb.Ack, taken: int) -> bool:
+    def _admit(self, caller: bytes, request: pb.InferRequest, ack: pb.Ack, taken: int) -> bool:
         """Room in the in-flight window (``taken`` of this frame already counted), and in the spool for a
         spooled class; False when refused (the Ack says why)."""
         if not self._uplink.has_room(self.reserved + taken + 1):
@@ -151,7 +174,10 @@ class Admission:
         try:
             result = str(
                 self._spool.append(
-                    request.request_id, request.SerializeToString(), request.deadline_unix_us / 1e6
+                    request.request_id,
+                    request.SerializeToString(),
+                    request.deadline_unix_us / 1e6,
+                    durable_caller(caller),
                 )
             )
         except OSError as exc:  # a full or failing disk: refuse (retryable), keep serving

@@ -2,7 +2,7 @@
 
 Local services send requests to the intake (``EdgeClient``). The shared routing policy decides: edge-device
 requests are answered here; the rest go to Hong Kong. Interactive and batch requests are written to the
-spool before the caller is acknowledged and leave it only when the gateway has accepted them; a realtime
+spool, with who asked, before the caller is acknowledged and leave it once answered; a realtime
 request whose deadline cannot cover the round trip is served locally where a model exists, else failed
 fast. The parts: ``intake`` (the socket), ``admission`` (the decision table), ``local_batcher`` (the local
 tier's micro-batches), ``spool``, ``uplink``, ``callers`` (Acks and answers), ``ops`` (health, metrics).
@@ -31,6 +31,7 @@ from edge_agent.errors import ErrorCounts, ErrorReason
 from edge_agent.intake import Intake
 from edge_agent.local_batcher import LocalBatcher
 from edge_agent.ops import AgentHttp
+from edge_agent.parked import ParkedAnswers
 from edge_agent.spool import GroupCommit, Spool
 from edge_agent.stats import FAIL_FAST_REASONS, AgentStats
 from edge_agent.uplink import Uplink
@@ -136,7 +137,8 @@ class EdgeAgent:
         )
         if cfg.spool.fsync == "batch":
             self._commit = GroupCommit(spool)
-        callers = Callers(self._send_to_caller, cfg.name, cfg.region, self.stats, self._release)
+        parked = ParkedAnswers(cfg.replies.parked_answers, cfg.replies.parked_bytes)
+        callers = Callers(self._send_to_caller, cfg.name, cfg.region, self.stats, self._release, parked)
         self.callers = callers
         curve = self._curve or self._load_keys()
         self.uplink = uplink = Uplink(
@@ -207,6 +209,7 @@ class EdgeAgent:
             await self.uplink.aclose()
         if self.callers is not None:
             self.callers.flush()  # answers already received still reach their callers
+            self.callers.close()
         if self._commit is not None:
             self._commit.close()
         if self.intake is not None:
@@ -290,10 +293,16 @@ class EdgeAgent:
         await discovery.watch(changed, self._stop)
 
     def _recover(self) -> None:
-        """Resend what an earlier run spooled and the gateway never accepted."""
+        """Ask Hong Kong again for what an earlier run spooled and did not answer, for the callers that
+        asked (the gateway's dedupe window answers what it ran already from its response cache)."""
         assert self.spool is not None
         assert self.uplink is not None
-        requests = [pb.InferRequest.FromString(payload) for _, payload, _ in self.spool.pending()]
+        assert self.callers is not None
+        requests = []
+        for record in self.spool.records():
+            request = pb.InferRequest.FromString(record.payload)
+            requests.append(request)
+            self.callers.wait_for(record.request_id, record.caller, request.deadline_unix_us)
         if requests:
             log.info("resending spooled requests", count=len(requests), skipped=dict(self.spool.drops))
             self.uplink.submit(requests)
@@ -316,13 +325,8 @@ class EdgeAgent:
         return self.intake is not None and self.intake.send(frames)
 
     def _on_accepted(self, ids: list[bytes]) -> None:
-        """The gateway owns these now: they leave the spool."""
-        if self.spool is not None:
-            try:
-                self.spool.ack(ids)
-            except OSError as exc:  # a restart may resend them; the gateway's dedupe answers those
-                self.errors.count(ErrorReason.SPOOL_ACK)
-                log.error("spool ack failed", error=str(exc), requests=len(ids))
+        """The gateway owns these now, but they stay in the spool until answered: a restarted agent asks
+        for them again (the gateway answers from its dedupe window and response cache)."""
 
     def _on_response(self, response: pb.InferResponse) -> None:
         assert self.callers is not None

@@ -111,6 +111,14 @@ class HttpConfig(_Section):
     port: int = Field(default=9103, ge=0, le=65535)
 
 
+class RepliesConfig(_Section):
+    """Answers for local callers that could not take them (reconnecting, restarting) wait here, bounded,
+    until their request's deadline (docs/AGENT.md section 9)."""
+
+    parked_answers: int = Field(default=20_000, ge=1)
+    parked_bytes: int = Field(default=64 << 20, ge=65536)
+
+
 class AgentConfig(_Section):
     """Everything ``edge-agent`` needs."""
 
@@ -129,6 +137,7 @@ class AgentConfig(_Section):
     spool: SpoolConfig = SpoolConfig()
     local: LocalTierConfig = LocalTierConfig()
     http: HttpConfig = HttpConfig()
+    replies: RepliesConfig = RepliesConfig()
     logging: LoggingConfig = LoggingConfig()  # to stderr; --synthetic lowers the default level to warning
     zstd_level: int = Field(default=3, ge=1, le=22)
     # a frame zstd shrinks by less than this share goes uncompressed (dense tensors, JPEG bytes)

@@ -4,6 +4,11 @@ A frame is decoded and taken at once (``Admission.take``); one whose requests wa
 finishes in a task of its own, so frames that arrive meanwhile are spooled and share the next fsync. At
 most ``MAX_FRAMES_TAKING`` wait at once: the intake reads no more until one is done, so local services feel
 the disk's pace. Frames that cannot be taken are counted by reason, never answered with a guess.
+
+A caller is its routing id, which ``EdgeClient`` sets to its caller id: the ROUTER hands an id over to
+the newest connection that claims it (``ROUTER_HANDOVER``: a caller that reconnected, or restarted, gets
+its answers on the new connection), and a send to an id not connected fails instead of vanishing
+(``ROUTER_MANDATORY``), so the answer is parked for the caller's return (``callers``).
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ class Intake:
         self._on_done = on_done
         self._sock = context.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         try:
             self._sock.bind(endpoint)
         except BaseException:
