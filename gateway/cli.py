@@ -295,13 +295,14 @@ def run(config: GatewayConfig, config_path: Path | None, overrides: Mapping[str,
         from gateway.dispatch.workers import start_forkserver
 
         start_forkserver()  # its imports run on another core while this process imports the rest
-    from gateway.server import Gateway, GatewayStartError
+    from gateway.server import Gateway, GatewayStartError, process_age_s
     from service.logs import configure_logging
     from service.runtime import run_main
 
     configure_logging(config.logging)
     _ensure_demo_models(config)
     gateway = Gateway(config, config_path=config_path, overrides=overrides)
+    gateway.exec_to_start_s = process_age_s()
     try:
         run_main(_serve(gateway))
     except GatewayStartError as exc:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,34 @@ with optional_dependency("gateway"):
     import geoip2.database
 
 log = structlog.get_logger("gateway")
+
+
+class StartPhases:
+    """How long each step of :meth:`Gateway.start` took, for the 'gateway ready' log line
+    (``startup_ms``; with ``before_s``, the CLI's time from exec to the start, as ``exec_to_start``)."""
+
+    def __init__(self, before_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._last = clock()
+        self.ms: dict[str, float] = {}
+        if before_s is not None:
+            self.ms["exec_to_start"] = round(before_s * 1000, 1)
+
+    def mark(self, phase: str) -> None:
+        """``phase`` ended now: it took the time since the previous mark."""
+        now = self._clock()
+        self.ms[phase] = round((now - self._last) * 1000, 1)
+        self._last = now
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process was exec'd (Linux ``/proc/self/stat``), else None."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class GatewayStartError(RuntimeError):
@@ -119,6 +147,7 @@ class Gateway:
         self._closed = False
         self._geoip: geoip2.database.Reader | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.exec_to_start_s: float | None = None  # set by the CLI: imports and config, for the start log
 
     # ------------------------------------------------------------------ start
 
@@ -128,11 +157,13 @@ class Gateway:
         self._started = True
         self._loop = asyncio.get_running_loop()
         cfg = self.config
+        phases = StartPhases(self.exec_to_start_s)
         try:
             admin_token = self._admin_token()  # a bad file fails before any slow backend start
             for warning in batch_limit_warnings(cfg):  # what check-config says, for who never ran it
                 log.warning("pool batches more than a model takes", detail=warning)
-            await self._start_backends()
+            cpu = await self._start_backends_and_cpu()
+            phases.mark("backends_and_cpu_workers")
             self._ctx = zmq.asyncio.Context()
             limits = CodecLimits(
                 max_header_bytes=cfg.limits.max_header_bytes,
@@ -149,17 +180,6 @@ class Gateway:
             except (KeyFileError, OSError) as exc:
                 raise GatewayStartError(f"security: {exc}") from exc
             replies = ReplyRouter(self.carriers, codec, cfg.replies, self.metrics, cfg.instance)
-            self.cpu = CpuStage(
-                cfg.cpu.workers or default_workers(),
-                cfg.cpu.mode,
-                self.metrics,
-                inline_max_requests=cfg.cpu.inline_max_requests,
-                arena_slots=cfg.cpu.arena_slots,
-                arena_slot_bytes=cfg.cpu.arena_slot_mb << 20,
-                task_timeout_s=cfg.cpu.task_timeout_s,
-            )
-            self.cpu.start()
-            await self.cpu.warm_up()
             self.capture = self._capture_recorder(dictionaries, limits)
             self.capture.start()
             ingest = self.ingest = Ingest(
@@ -192,13 +212,14 @@ class Gateway:
                     max_queue_depth=pool_cfg.max_queue_depth,
                     concurrency=pool_cfg.concurrency,
                     metrics=self.metrics,
-                    cpu=self.cpu,
+                    cpu=cpu,
                     respond=ingest.respond,
                     reroute=ingest.reroute,
                     observe=self._observe_latency,
                     pipelines=declarations,
                 )
                 self.pools[name].start()
+            phases.mark("pools")
             for carrier_cfg in cfg.carriers:
                 carrier = CarrierIngress(
                     carrier_cfg, self._ctx, cfg.zmq, cfg.limits, self.metrics, ingest.on_message, security
@@ -210,11 +231,13 @@ class Gateway:
                         f"carrier {carrier_cfg.name}: cannot bind {carrier_cfg.bind}: {exc}"
                     ) from exc
                 self.carriers[carrier_cfg.name] = carrier
+            phases.mark("carriers")
             self._evaluate_health()
             http = self._start_http(admin_token)
             self._tasks.append(asyncio.create_task(self._health_loop(), name="health"))
             if self.notifier.watchdog_s:
                 self._tasks.append(asyncio.create_task(self._watchdog_loop(), name="watchdog"))
+            phases.mark("http")
         except BaseException:
             await self.aclose()
             raise
@@ -225,7 +248,28 @@ class Gateway:
             carriers={n: c.endpoint for n, c in self.carriers.items()},
             http_port=http.port,
             pools=sorted(self.pools),
+            startup_ms=phases.ms,
         )
+
+    async def _start_backends_and_cpu(self) -> CpuStage:
+        """The backends and the CPU workers, started together: both wait on other threads and processes
+        (ONNX Runtime's sessions, the forkserver's imports), not on this loop."""
+        cfg = self.config
+        self.cpu = CpuStage(
+            cfg.cpu.workers or default_workers(),
+            cfg.cpu.mode,
+            self.metrics,
+            inline_max_requests=cfg.cpu.inline_max_requests,
+            arena_slots=cfg.cpu.arena_slots,
+            arena_slot_bytes=cfg.cpu.arena_slot_mb << 20,
+            task_timeout_s=cfg.cpu.task_timeout_s,
+        )
+        self.cpu.start()
+        started = await asyncio.gather(self._start_backends(), self.cpu.warm_up(), return_exceptions=True)
+        for outcome in started:  # both are waited for, so that neither is left running unseen
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return self.cpu
 
     def _capture_recorder(self, dictionaries: DictionaryStore, limits: CodecLimits) -> CaptureRecorder:
         cfg = self.config.capture

@@ -23,7 +23,7 @@ import numpy as np
 import structlog
 
 from edgewire import pb
-from gateway.dispatch.workers import TaskTimedOut, WorkerDied, WorkerPool
+from gateway.dispatch.workers import TaskTimedOut, WorkerDied, WorkerPool, start_forkserver
 from gateway.ops.metrics import GatewayMetrics
 from inference.backends.base import BackendError, ModelSpec
 from inference.pipeline import worker
@@ -94,7 +94,7 @@ class CpuStage:
             # forkserver: workers are forked from a clean server process, never from this one with its
             # ZeroMQ and ONNX Runtime threads; the pipelines are imported once in the server.
             context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(["inference.pipeline.worker"])
+            start_forkserver()  # a no-op when the CLI started it early (gateway/cli.py)
             self._processes = WorkerPool(
                 self.workers,
                 context,
