@@ -82,13 +82,29 @@ class BatchingConfig(_Section):
 
 
 class UplinkConfig(_Section):
+    """Carrier sockets, liveness, the in-flight window and the pacing of sends (docs/AGENT.md section 4)."""
+
     ping_interval_s: float = Field(default=0.5, gt=0)
     dead_after_s: float = Field(default=2.0, gt=0)  # no pong for this long: the carrier is down
     ack_timeout_s: float = Field(default=1.5, gt=0)  # no ack for a frame: resend on another carrier
-    max_inflight: int = Field(default=20_000, ge=1)  # requests sent and not answered, all carriers
+    # requests held for Hong Kong (queued, spooled or sent) and not answered, all carriers: 5 minutes of
+    # an outage at 200 req/s (docs/AGENT.md section 4, "Outages")
+    max_inflight: int = Field(default=65_536, ge=1)
     reconnect_ivl_ms: int = Field(default=100, ge=1)
-    reconnect_ivl_max_ms: int = Field(default=5000, ge=1)
+    reconnect_ivl_max_ms: int = Field(default=500, ge=1)
+    # each socket's reconnect intervals are drawn from [1 - jitter, 1 + jitter] x the configured ones
+    reconnect_jitter: float = Field(default=0.5, ge=0.0, lt=1.0)
+    # a connect() not answered by then is abandoned and retried (else it sits in the kernel's SYN backoff)
+    connect_timeout_ms: int = Field(default=1000, ge=1)
+    tcp_maxrt_ms: int = Field(default=5000, ge=0)  # TCP_USER_TIMEOUT: unacknowledged data drops the link
     sndhwm: int = Field(default=10_000, ge=1)
+    # requests the gateway may hold from this agent at first and after it restarts; the window then opens
+    # by one per answer (slow start) and halves on OVERLOADED (AIMD), between send_window_min and
+    # max_inflight
+    send_window_initial: int = Field(default=64, ge=1)
+    send_window_min: int = Field(default=8, ge=1)
+    # a retryable refusal is resent after retry_after_ms x [1, 1 + retry_jitter]
+    retry_jitter: float = Field(default=0.5, ge=0.0, le=4.0)
 
 
 class SpoolConfig(_Section):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -15,9 +16,10 @@ import zmq.asyncio
 from edge_agent.config import AgentConfig
 from edge_agent.errors import ErrorCounts, ErrorReason
 from edge_agent.sockets import send_nowait
-from edge_agent.uplink.carriers import Carrier, best_carrier, open_carrier
+from edge_agent.uplink.carriers import Carrier, best_carrier, open_carrier, watch_connection
 from edge_agent.uplink.dictionaries import DictionaryNegotiation
 from edge_agent.uplink.outstanding import OutstandingTable, SentFrame
+from edge_agent.uplink.pacing import SendWindow
 from edge_agent.uplink.refusals import (
     FINAL_NACK_STATUS,
     RETRYABLE_NACKS,
@@ -51,6 +53,7 @@ class UplinkStats:
     )  # whole frames the gateway refused, by reason
     nacks: Counter[str] = field(default_factory=Counter)  # requests the gateway refused, by reason
     bad_frames: Counter[str] = field(default_factory=Counter)  # frames from Hong Kong not decoded, by reason
+    window_full: int = 0  # times requests were queued and the send window had no room for them
 
 
 class Uplink:
@@ -95,6 +98,10 @@ class Uplink:
         self.max_frame_bytes = 0  # from the gateway's Pong; 0 = not known yet
         self.dictionaries = DictionaryNegotiation(codec.dictionaries, clock)
         self.stats = UplinkStats()
+        self.window = SendWindow(
+            self._up.send_window_initial, self._up.send_window_min, self._up.max_inflight
+        )
+        self._nonce = 0
 
     @property
     def dict_id(self) -> int:
@@ -112,13 +119,17 @@ class Uplink:
             if name not in self.carriers:
                 carrier = open_carrier(self._ctx, name, endpoint, self._up, self._curve)
                 carrier.task = asyncio.create_task(self._receive(carrier), name=f"uplink-{name}")
+                carrier.monitor_task = asyncio.create_task(
+                    watch_connection(carrier, self._connected), name=f"uplink-{name}-monitor"
+                )
                 self.carriers[name] = carrier
 
     def _drop_carrier(self, name: str, reason: str) -> None:
         carrier = self.carriers.pop(name)
-        if carrier.task is not None:
-            carrier.task.cancel()
-        carrier.sock.close(0)
+        for task in (carrier.task, carrier.monitor_task):
+            if task is not None:
+                task.cancel()
+        carrier.close()
         self._resend_unacked_on(name, reason)
         self._lost_paths[name] = self._clock()
 
@@ -146,10 +157,11 @@ class Uplink:
         self._tasks = []
         for name in list(self.carriers):
             carrier = self.carriers.pop(name)
-            if carrier.task is not None:
-                carrier.task.cancel()
-                await asyncio.gather(carrier.task, return_exceptions=True)
-            carrier.sock.close(0)
+            tasks = [t for t in (carrier.task, carrier.monitor_task) if t is not None]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            carrier.close()
 
     # ------------------------------------------------------------------ sending
 
@@ -169,7 +181,7 @@ class Uplink:
         earliest: float | None = None
         for request in requests:
             if self.outstanding.add(request):
-                self._queue.push([request.request_id])
+                self._queue.push(self.outstanding, [request.request_id])
                 if request.deadline_unix_us and (earliest is None or request.deadline_unix_us < earliest):
                     earliest = request.deadline_unix_us
         if earliest is not None:
@@ -204,12 +216,16 @@ class Uplink:
 
     def _send_some(self, carrier: Carrier) -> float | None:
         """Send one frame; None when it went out, else how long to wait before trying again."""
+        room = self.window.room(self.outstanding.held)
+        if not room:  # an answer, a refusal or a resend opens it, and wakes the sender
+            self.stats.window_full += 1
+            return self._up.ping_interval_s
         now = self._clock()
         chosen = self._queue.take(
             self.outstanding,
             now,
             now_unix_us(),
-            self.max_records,
+            min(self.max_records, room),
             self._config.batching.max_bytes,
             self._up.ping_interval_s,
         )
@@ -243,10 +259,10 @@ class Uplink:
                 )
             else:
                 self.max_records = max(1, len(batch) // 2)
-                self._queue.push_front(ids)
+                self._queue.push_front(self.outstanding, ids)
             return None
         if not send_nowait(carrier.sock, frames):  # HWM reached or not connected: try again later
-            self._queue.push_front(ids)
+            self._queue.push_front(self.outstanding, ids)
             return min(0.05, self._up.ping_interval_s)
         self.outstanding.sent(SentFrame(message_id, carrier.name, ids, now), self._up.ack_timeout_s)
         self._timer_set(now + self._up.ack_timeout_s)
@@ -269,11 +285,17 @@ class Uplink:
             entry.attempts += 1
             entry.not_before = not_before
             entry.frame = b""
+            self.outstanding.release(entry)
             again.append(rid)
         if again:
-            self._queue.push(again)
+            self._queue.push(self.outstanding, again)
             self.stats.resent[reason] += len(again)
             self._wake.set()
+
+    def _retry_at(self, now: float, retry_after_ms: int) -> float:
+        """When a refused request may go again: the gateway's retry-after, spread over [1, 1 +
+        retry_jitter] of it, so that what one Ack refused does not come back all at once."""
+        return now + retry_after_ms / 1000 * random.uniform(1.0, 1.0 + self._up.retry_jitter)
 
     def _resend_unacked_on(self, carrier: str, reason: str) -> None:
         """A carrier died or was removed: its frames not acknowledged yet go out again elsewhere."""
@@ -350,6 +372,8 @@ class Uplink:
             self._on_pong(carrier, payload)
         elif isinstance(payload, pb.DictionaryResponse):
             self.dictionaries.on_dictionary(payload)
+        if self._queue:  # an answer or a refusal may have opened the send window
+            self._wake.set()
 
     def _on_ack(self, carrier: Carrier, ack: pb.Ack) -> None:
         frame = self.outstanding.acked(ack.acked_message_id)
@@ -368,10 +392,12 @@ class Uplink:
         for nack in ack.nacks:
             self.stats.nacks[labels.NACK.get(nack.reason, "other") if nack.reason else "other"] += 1
             if nack.reason in RETRYABLE_NACKS:
+                if nack.reason == pb.NACK_REASON_OVERLOADED:
+                    self.window.overloaded(frame.sent_at if frame else now, now)
                 self._resend(
                     [nack.request_id],
                     nack_resend_reason(nack.reason),
-                    not_before=now + nack.retry_after_ms / 1000,
+                    not_before=self._retry_at(now, nack.retry_after_ms),
                 )
             else:
                 self._answer(
@@ -407,10 +433,19 @@ class Uplink:
                 self.stats.duplicate_responses += 1
             return
         if response.status in (pb.STATUS_OVERLOADED, pb.STATUS_UNAVAILABLE):
-            retry_at = self._clock() + response.retry_after_ms / 1000
+            now = self._clock()
+            if response.status == pb.STATUS_OVERLOADED:
+                self.window.overloaded(entry.sent_at, now)
             entry.accepted = False
-            self._resend([response.request_id], "retryable_status", not_before=retry_at)
+            self._resend(
+                [response.request_id],
+                "retryable_status",
+                not_before=self._retry_at(now, response.retry_after_ms),
+            )
             return
+        held = self.outstanding.held
+        if self.outstanding.release(entry):
+            self.window.answered(1, held)
         self.outstanding.close(response.request_id)
         self._on_response(response)
 
@@ -436,7 +471,9 @@ class Uplink:
         return send_nowait(carrier.sock, frames)
 
     def _gateway_restarted(self, old_epoch: int) -> None:
-        """The gateway lost its in-memory work: resend what it had accepted and not answered."""
+        """The gateway lost its in-memory work: resend what it had accepted and not answered, paced by a
+        send window that starts again from its initial size (the new process's queues are empty)."""
+        self.window.restart(self._clock())
         lost = self.outstanding.accepted_by(epochs={old_epoch})
         for rid in lost:
             entry = self.outstanding.get(rid)
@@ -449,13 +486,20 @@ class Uplink:
     # ------------------------------------------------------------------ timers
 
     async def _pinger(self) -> None:
-        nonce = 0
         while True:
             for carrier in list(self.carriers.values()):
-                nonce += 1
-                # dropped while the carrier is not connected
-                self._send_control(carrier, pb.Ping(nonce=nonce, dict_ids=self._codec.dictionaries.ids()))
+                self._ping(carrier)  # dropped while the carrier is not connected
             await asyncio.sleep(self._up.ping_interval_s)
+
+    def _ping(self, carrier: Carrier) -> None:
+        self._nonce += 1
+        self._send_control(carrier, pb.Ping(nonce=self._nonce, dict_ids=self._codec.dictionaries.ids()))
+
+    def _connected(self, carrier: Carrier) -> None:
+        """A carrier's ZMTP handshake completed (first connection or a reconnect): ping it now, so that it
+        counts as live one round trip later, not up to a ping interval later."""
+        if self.carriers.get(carrier.name) is carrier:
+            self._ping(carrier)
 
     def _timer_set(self, at: float) -> None:
         """A timer at monotonic ``at``: wake the watchdog if it sleeps past it."""
@@ -503,7 +547,10 @@ class Uplink:
         if alive == carrier.up:
             return
         carrier.up = alive
-        if not alive:
+        if alive:
+            carrier.came_up += 1
+        else:
+            carrier.went_down += 1
             self._resend_unacked_on(carrier.name, "carrier_down")
             if not carrier.draining:  # a draining gateway still answers on it
                 self._lost_paths[carrier.name] = now

@@ -27,6 +27,8 @@ class Outstanding:
     carrier: str = ""  # the carrier it was last sent on
     attempts: int = 0
     not_before: float = 0.0  # retry-after of a retryable nack
+    held: bool = False  # sent and not yet answered, refused or given up: counted in the send window
+    sent_at: float = 0.0  # when it was last sent (monotonic)
 
 
 @dataclass(slots=True)
@@ -52,6 +54,7 @@ class OutstandingTable:
         self._expiry: DeadlineHeap[bytes] = DeadlineHeap()  # request id -> deadline, unix microseconds
         self._frames: dict[bytes, SentFrame] = {}
         self._ack_due: DeadlineHeap[bytes] = DeadlineHeap()  # message id -> monotonic time
+        self.held = 0  # entries with ``held`` set: what the gateway may be holding of ours
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -85,6 +88,7 @@ class OutstandingTable:
         entry = self._entries.pop(request_id, None)
         if entry is None:
             return None
+        self.release(entry)
         self._expiry.discard(request_id)
         self._answered[request_id] = expired
         while len(self._answered) > self._answered_window:
@@ -118,8 +122,21 @@ class OutstandingTable:
             entry = self._entries[rid]
             entry.frame = frame.message_id
             entry.carrier = frame.carrier
+            entry.sent_at = frame.sent_at
+            if not entry.held:
+                entry.held = True
+                self.held += 1
         self._frames[frame.message_id] = frame
         self._ack_due.set(frame.message_id, frame.sent_at + ack_timeout_s)
+
+    def release(self, entry: Outstanding) -> bool:
+        """The gateway no longer holds ``entry`` (answered, refused, or to be sent again); True when it
+        was counted as held."""
+        if not entry.held:
+            return False
+        entry.held = False
+        self.held -= 1
+        return True
 
     def acked(self, message_id: bytes) -> SentFrame | None:
         """The frame's Ack came (or it is given up): no longer waited for."""

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import heapq
+import itertools
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from edge_agent.uplink.outstanding import OutstandingTable
 from edgewire import pb
+
+LANES = (pb.PRIORITY_CLASS_REALTIME, pb.PRIORITY_CLASS_INTERACTIVE, pb.PRIORITY_CLASS_BATCH)
+"""Most urgent first; a request without a class goes with interactive (the frame's default)."""
 
 
 @dataclass(slots=True)
@@ -20,23 +26,41 @@ class NextFrame:
 
 
 class SendQueue:
-    """Ids in the order they are to be sent; an id no longer outstanding is skipped when met."""
+    """Ids to be sent, one lane per priority class, most urgent first and in arrival order within a lane:
+    when the send window holds a backlog back (after a gateway restart), a realtime request does not wait
+    behind it. Ids waiting out a retry-after are set aside until it runs out; an id no longer outstanding
+    is skipped when met."""
 
     def __init__(self) -> None:
-        self._ids: list[bytes] = []
+        self._lanes: dict[int, deque[bytes]] = {lane: deque() for lane in LANES}
+        self._later: list[tuple[float, int, bytes]] = []  # (not before, order, id): a retry-after
+        self._order = itertools.count()
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return sum(len(lane) for lane in self._lanes.values()) + len(self._later)
 
     def __bool__(self) -> bool:
-        return bool(self._ids)
+        return bool(self._later) or any(self._lanes.values())
 
-    def push(self, ids: Iterable[bytes]) -> None:
-        self._ids.extend(ids)
+    def _lane(self, table: OutstandingTable, rid: bytes) -> deque[bytes] | None:
+        entry = table.get(rid)
+        if entry is None:
+            return None
+        lane = self._lanes.get(entry.request.priority)
+        return self._lanes[pb.PRIORITY_CLASS_INTERACTIVE] if lane is None else lane
 
-    def push_front(self, ids: Iterable[bytes]) -> None:
+    def push(self, table: OutstandingTable, ids: Iterable[bytes]) -> None:
+        for rid in ids:
+            lane = self._lane(table, rid)
+            if lane is not None:
+                lane.append(rid)
+
+    def push_front(self, table: OutstandingTable, ids: Iterable[bytes]) -> None:
         """Put back a frame's requests that did not go out: they keep their place ahead of the rest."""
-        self._ids[:0] = list(ids)
+        for rid in reversed(list(ids)):
+            lane = self._lane(table, rid)
+            if lane is not None:
+                lane.appendleft(rid)
 
     def take(
         self,
@@ -48,25 +72,31 @@ class SendQueue:
         idle_wait_s: float,
     ) -> NextFrame:
         """Up to ``max_records`` requests (and about ``max_bytes``: the one crossing it still goes) whose
-        retry-after has passed, in queue order; the rest stay queued. ``idle_wait_s`` is the wait when
-        nothing is held back by a retry-after."""
+        retry-after has passed, most urgent lane first; the rest stay queued. ``idle_wait_s`` is the wait
+        when nothing is queued or held back by a retry-after."""
+        while self._later and self._later[0][0] <= now:
+            rid = heapq.heappop(self._later)[2]
+            lane = self._lane(table, rid)
+            if lane is not None:
+                lane.appendleft(rid)  # older than what arrived meanwhile
         chosen = NextFrame()
         size = 0
-        rest: list[bytes] = []
-        for rid in self._ids:
-            entry = table.get(rid)
-            if entry is None:
-                continue
-            if entry.not_before > now or len(chosen.requests) >= max_records or size >= max_bytes:
-                rest.append(rid)
-                continue
-            if entry.request.deadline_unix_us and entry.request.deadline_unix_us <= wall_us:
-                chosen.expired.append(rid)
-                continue
-            chosen.requests.append(entry.request)
-            size += entry.request.ByteSize()
-        self._ids = rest
+        taken: set[bytes] = set()
+        for lane in self._lanes.values():
+            while lane and len(chosen.requests) < max_records and size < max_bytes:
+                rid = lane.popleft()
+                entry = table.get(rid)
+                if entry is None or rid in taken:
+                    continue
+                if entry.not_before > now:
+                    heapq.heappush(self._later, (entry.not_before, next(self._order), rid))
+                    continue
+                if entry.request.deadline_unix_us and entry.request.deadline_unix_us <= wall_us:
+                    chosen.expired.append(rid)
+                    continue
+                taken.add(rid)
+                chosen.requests.append(entry.request)
+                size += entry.request.ByteSize()
         if not chosen.requests:
-            waits = [e.not_before - now for r in rest if (e := table.get(r)) is not None]
-            chosen.wait_s = min(waits, default=idle_wait_s)
+            chosen.wait_s = self._later[0][0] - now if self._later else idle_wait_s
         return chosen
