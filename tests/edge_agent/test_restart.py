@@ -22,7 +22,7 @@ from edgewire import new_id, pb
 from gateway.server import Gateway
 from gateway.testing import FaultInjectingBackend, run_gateway, wait_for
 from routing.config import DEFAULT_ROUTING_SECTION
-from tests.edge_agent.conftest import agent_config, spawn_agent
+from tests.edge_agent.conftest import NOWHERE, agent_config, spawn_agent
 
 DEADLINE_S = 30.0
 
@@ -196,3 +196,24 @@ level = "info"
     pending = {c.result().request_id for c in unanswered_at_kill} & acked_at_kill
     assert len(pending) > 0 and recovered > 0
     assert reconnects >= 1 and resent >= len(pending)
+
+
+async def test_an_answer_nobody_claims_expires_and_is_counted(models_dir: Path, tmp_path: Path) -> None:
+    """A caller that leaves for good: its answer is parked, then dropped at its deadline plus the grace
+    by the agent's own timer (nothing else happening), and counted as expired."""
+    config = agent_config(NOWHERE, models_dir, tmp_path / "spool", local={"enabled": False})
+    async with EdgeAgent(config) as agent:
+        assert agent.callers is not None
+        parked = agent.callers.parked
+        (request,) = requests(1, seed=45)
+        async with EdgeClient(agent.intake_endpoint, caller_id="gone.for.good") as client:
+            call = asyncio.create_task(client.infer(request, deadline_s=0.3))
+            await wait_for(lambda: request.request_id in client.accepted, what="the request acked")
+            call.cancel()
+            await asyncio.gather(call, return_exceptions=True)
+        # Hong Kong is unreachable: the agent answers DEADLINE_EXCEEDED at the deadline, to nobody.
+        await wait_for(lambda: parked.parked == 1, what="the answer parked")
+        await wait_for(lambda: parked.dropped["expired"] == 1, what="the parked answer expired")
+        held, spooled = len(parked), agent.spool.live_records if agent.spool else -1
+    assert held == 0 and parked.claimed == 0 and parked.dropped["full"] == 0
+    assert spooled == 0  # answered (DEADLINE_EXCEEDED): out of the spool
