@@ -74,6 +74,8 @@ class Callers:
 
     def claim(self, caller: bytes, request_id: bytes) -> bool:
         """``caller`` asks again for ``request_id``: if an answer is parked for it, send it now (True)."""
+        if request_id not in self.parked:  # the common case, asked for every new request: one lookup
+            return False
         response = self.parked.claim(caller, request_id)
         if response is None:
             return False

@@ -56,15 +56,16 @@ def encode_record(
 ) -> bytes:
     """One record in the on-disk layout described in the module docstring: version 2 when a PUT names its
     ``caller``, else version 1."""
-    version = 1
-    if caller:
-        if kind != RecordKind.PUT or len(caller) > MAX_CALLER_BYTES:
-            raise ValueError(f"a caller goes on a PUT only, 1..{MAX_CALLER_BYTES} bytes")
-        version = 2
-        value = bytes([len(caller)]) + caller + value
-    rest = _REST.pack(version, kind, len(key), len(value), stamp, deadline)
-    crc = zlib.crc32(value, zlib.crc32(key, zlib.crc32(rest)))
-    return _HEADER.pack(MAGIC, crc) + rest + key + value
+    if not caller:
+        rest = _REST.pack(1, kind, len(key), len(value), stamp, deadline)
+        crc = zlib.crc32(value, zlib.crc32(key, zlib.crc32(rest)))
+        return b"".join((_HEADER.pack(MAGIC, crc), rest, key, value))
+    if kind != RecordKind.PUT or len(caller) > MAX_CALLER_BYTES:
+        raise ValueError(f"a caller goes on a PUT only, 1..{MAX_CALLER_BYTES} bytes")
+    prefix = bytes((len(caller),)) + caller
+    rest = _REST.pack(2, kind, len(key), len(prefix) + len(value), stamp, deadline)
+    crc = zlib.crc32(value, zlib.crc32(prefix, zlib.crc32(key, zlib.crc32(rest))))
+    return b"".join((_HEADER.pack(MAGIC, crc), rest, key, prefix, value))  # one copy of the payload
 
 
 @dataclass(frozen=True, slots=True)
