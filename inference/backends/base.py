@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
@@ -141,15 +142,22 @@ async def infer_within(backend: Backend, call: InferCall, max_rows: int) -> Infe
 
     Requests can carry many rows each (ranking candidates), and a batch of requests may hold more rows than
     a model's ``max_batch_size`` (``max_rows``; 0 = no limit): the rows are cut into calls of at most that
-    many and the outputs joined, so no valid request fails because of how it was batched.
+    many and the outputs joined, so no valid request fails because of how it was batched. The pieces share
+    the call's deadline: each gets the time left, and none starts once it has passed.
     """
     rows = next(iter(call.inputs.values())).shape[0] if call.inputs and max_rows > 0 else 0
     if rows <= max_rows or max_rows <= 0:
         return await backend.infer(call)
+    deadline = None if call.timeout_s is None else time.monotonic() + call.timeout_s
     parts = []
     for start in range(0, rows, max_rows):
         chunk = {name: array[start : start + max_rows] for name, array in call.inputs.items()}
-        parts.append(await backend.infer(dataclasses.replace(call, inputs=chunk)))
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise BackendError(
+                f"deadline passed after {start} of {rows} rows", retryable=False, status="DEADLINE_EXCEEDED"
+            )
+        parts.append(await backend.infer(dataclasses.replace(call, inputs=chunk, timeout_s=left)))
     outputs = {name: np.concatenate([p.outputs[name] for p in parts]) for name in parts[0].outputs}
     return InferResult(outputs=outputs, model_version=parts[0].model_version)
 
