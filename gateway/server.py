@@ -263,6 +263,7 @@ class Gateway:
             arena_slots=cfg.cpu.arena_slots,
             arena_slot_bytes=cfg.cpu.arena_slot_mb << 20,
             task_timeout_s=cfg.cpu.task_timeout_s,
+            logging=cfg.logging,
         )
         self.cpu.start()
         started = await asyncio.gather(self._start_backends(), self.cpu.warm_up(), return_exceptions=True)

@@ -14,6 +14,7 @@ retries its requests one by one, in workers (``in_worker``), so that only the on
 from __future__ import annotations
 
 import asyncio
+import functools
 import multiprocessing
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +24,7 @@ import numpy as np
 import structlog
 
 from edgewire import pb
+from gateway.dispatch.worker_start import start_worker
 from gateway.dispatch.workers import TaskTimedOut, WorkerDied, WorkerPool, start_forkserver
 from gateway.ops.metrics import GatewayMetrics
 from inference.backends.base import BackendError, ModelSpec
@@ -30,6 +32,7 @@ from inference.pipeline import worker
 from inference.pipeline.arena import FeatureArena, Slot, remove_leftover_arenas, shm_free_bytes
 from inference.pipeline.base import Prepared
 from inference.pipeline.registry import CHEAP_PIPELINES, LOOP_PIPELINES
+from service.logs import LoggingConfig
 
 log = structlog.get_logger("gateway.cpu")
 CpuMode = Literal["process", "thread"]
@@ -65,8 +68,10 @@ class CpuStage:
         arena_slots: int = 0,
         arena_slot_bytes: int = 8 << 20,
         task_timeout_s: float = 0.0,
+        logging: LoggingConfig | None = None,
     ) -> None:
         self.workers = workers
+        self._logging = logging  # applied in each worker process, so what they log is JSON lines too
         self.mode = mode
         self._metrics = metrics
         self._threads: ThreadPoolExecutor | None = None  # mode "thread"
@@ -98,7 +103,7 @@ class CpuStage:
             self._processes = WorkerPool(
                 self.workers,
                 context,
-                initializer=worker.die_with_parent,
+                initializer=functools.partial(start_worker, self._logging),
                 on_restart=self._restarted,
                 task_timeout_s=self.task_timeout_s,
                 on_timeout=self._metrics.cpu_task_timeouts.inc,
