@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -234,9 +234,9 @@ class Gateway:
             phases.mark("carriers")
             self._evaluate_health()
             http = self._start_http(admin_token)
-            self._tasks.append(asyncio.create_task(self._health_loop(), name="health"))
+            self._background(self._health_loop(), "health")
             if self.notifier.watchdog_s:
-                self._tasks.append(asyncio.create_task(self._watchdog_loop(), name="watchdog"))
+                self._background(self._watchdog_loop(), "watchdog")
             phases.mark("http")
         except BaseException:
             await self.aclose()
@@ -399,6 +399,24 @@ class Gateway:
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
+
+    def _background(self, body: Coroutine[Any, Any, None], name: str) -> None:
+        """Run a background loop; if it ever ends with an error, say so at once (not only at close).
+
+        The health loop's death leaves /readyz on a stale snapshot (503 within seconds) and the watchdog's
+        lets systemd restart the service: both show, but only this log line and counter say why.
+        """
+        task = asyncio.create_task(body, name=name)
+        task.add_done_callback(self._background_ended)
+        self._tasks.append(task)
+
+    def _background_ended(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            log.error("background task failed", task=task.get_name(), exc_info=error)
+            self.metrics.background_task_failures.labels(task.get_name()).inc()
 
     async def _end_tasks(self) -> None:
         """Cancel the background tasks; one that had died with an error is logged and counted."""

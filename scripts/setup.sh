@@ -47,8 +47,9 @@ if [[ ! -f $stamp ]]; then
     touch "$stamp"
 fi
 
-# PyTorch for the torch backend's tests, which run its calls on the CPU. Pinned: this release's CPU wheel
-# lies on the machine (about 20 s to install); an open range would take a CUDA build of several GB.
+# PyTorch for the torch backend's tests, which run its calls on the CPU. Pinned: where the machine's pip
+# offers this release's CPU wheel (about 20 s to install) it takes that; elsewhere PyPI's default build (several
+# GB with CUDA) unless PIP_EXTRA_INDEX_URL names PyTorch's CPU index. An open range would always take the latter.
 if ! .venv/bin/python -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("torch") is None)'; then
     echo "setup: installing PyTorch (CPU) into .venv"
     .venv/bin/python -m pip install -q torch==2.13.0 2>&1 | grep -v '^WARNING: Location' || true

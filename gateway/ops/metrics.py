@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, Metric
@@ -37,6 +37,10 @@ class _ReadCounters:
         for value, count in sorted(self._read().items()):
             family.add_metric([value], count)
         yield family
+
+
+BACKGROUND_TASKS: Final = ("health", "watchdog")
+"""The gateway's background loops (``hkgw_background_task_failures_total``'s ``task``)."""
 
 
 class CloseErrorReason(enum.StrEnum):
@@ -253,6 +257,10 @@ class GatewayMetrics:
         for reason in ("missing", "wrong"):
             self.admin_refused.labels(reason)
         self.capture_active = Gauge(f"{NS}_capture_active", "1 while traffic capture is on", registry=r)
+        self._lifecycle_metrics(r)
+
+    def _lifecycle_metrics(self, r: CollectorRegistry) -> None:
+        """Errors of the gateway's own lifecycle: background loops that died, failures while closing."""
         self.close_errors = Counter(
             f"{NS}_close_errors",
             "Errors met while the gateway closed (logged, the rest still closed), by component (a background"
@@ -260,6 +268,14 @@ class GatewayMetrics:
             ["component", "reason"],
             registry=r,
         )
+        self.background_task_failures = Counter(
+            f"{NS}_background_task_failures",
+            "Background loops of the gateway (health, watchdog) that ended with an error, counted at once",
+            ["task"],
+            registry=r,
+        )
+        for task in BACKGROUND_TASKS:
+            self.background_task_failures.labels(task)
 
     def read_counters(self, name: str, doc: str, label: str, read: Callable[[], Mapping[str, int]]) -> None:
         """Export ``hkgw_<name>_total{label}`` from ``read()`` (label value -> count) at each scrape: for

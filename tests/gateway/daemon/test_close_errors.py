@@ -69,3 +69,37 @@ async def test_a_background_task_that_had_died_is_logged_and_counted_at_close(
     failed = [e for e in logs if e["event"] == "background task had failed"]
     assert [(e["task"], str(e["exc_info"])) for e in failed] == [("health", "health probe bug")]
     assert close_errors(gw, "health", "task_failed") == 1.0
+
+
+async def test_a_background_task_that_dies_is_logged_and_counted_when_it_dies(
+    models_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The health loop dying is reported at once (log line, hkgw_background_task_failures_total), while the
+    gateway still runs, not first when it closes hours later."""
+    gw = Gateway(
+        load_config(environ={}, overrides=loopback_overrides(models_dir, **split_backends(models_dir)))
+    )
+    await gw.start()
+    try:
+        health_task = next(t for t in asyncio.all_tasks() if t.get_name() == "health")
+        probed = backend(gw, "gpu")
+        original = probed.health
+
+        def broken() -> BackendHealth:
+            raise RuntimeError("health probe bug")
+
+        def failures(task: str) -> float | None:
+            return gw.metrics.registry.get_sample_value("hkgw_background_task_failures_total", {"task": task})
+
+        assert (failures("health"), failures("watchdog")) == (0.0, 0.0)  # exported from the start
+        with capture_logs() as logs:
+            monkeypatch.setattr(probed, "health", broken)
+            await wait_for(health_task.done, what="the health loop died")
+            await asyncio.sleep(0)  # done callbacks run on the next loop pass
+        monkeypatch.setattr(probed, "health", original)
+        failed = [e for e in logs if e["event"] == "background task failed"]
+        assert [(e["task"], str(e["exc_info"])) for e in failed] == [("health", "health probe bug")]
+        assert failures("health") == 1.0
+    finally:
+        await gw.drain()
+        await gw.aclose()
