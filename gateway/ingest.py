@@ -145,8 +145,11 @@ class Ingest:
         if agent_id is None:
             return
         frame = _Frame(carrier, routing_id, envelope, agent_id, region)
-        self._replies.seen(agent_id, carrier.name, routing_id, self._clock())
         kind = envelope.kind
+        # A request frame also says where the agent now sends its requests: answers follow it there.
+        self._replies.seen(
+            agent_id, carrier.name, routing_id, self._clock(), asked=kind == pb.MESSAGE_KIND_REQUEST_BATCH
+        )
         if kind == pb.MESSAGE_KIND_PING:
             self._answer_ping(frame, body[1])
         elif kind == pb.MESSAGE_KIND_REQUEST_BATCH:
@@ -271,10 +274,13 @@ class Ingest:
             return None
         state = self.dedupe.state(rid, now)
         if state is not None:
+            # A resend or a re-ask (the agent lost the way its answer was on): never run twice. A request
+            # still running is answered when done, on the carrier this frame came on (ReplyRouter); one
+            # answered already gets its answer again from the cache.
             ack.duplicate_ids.append(rid)
             self._metrics.child(self._metrics.duplicates, frame.carrier.name).inc()
             if state is RequestState.DONE:
-                self._redeliver(frame.agent_id, rid)
+                self._redeliver(frame.agent_id, request)
             return None
         if request.model_name not in self._policy.policy.config.models:
             self._nack(ack, rid, pb.NACK_REASON_UNKNOWN_MODEL, f"model {request.model_name!r}")
@@ -342,10 +348,20 @@ class Ingest:
         ack.nacks.append(pb.Nack(request_id=rid, reason=reason, retry_after_ms=retry, detail=detail))
         self._metrics.child(self._metrics.nacks, NACK_LABELS[reason]).inc()
 
-    def _redeliver(self, agent_id: str, rid: bytes) -> None:
-        cached = self.responses.get(rid)
-        if cached is not None:
-            self._replies.respond(agent_id, cached)
+    def _redeliver(self, agent_id: str, request: pb.InferRequest) -> None:
+        """The answer to a request answered already, again: from the cache, or, when the cache no longer
+        holds it, an error saying so (running it again could serve it twice; silence would leave the
+        agent waiting for its deadline)."""
+        cached = self.responses.get(request.request_id)
+        if cached is None:
+            self._metrics.child(self._metrics.replies_undeliverable, "not_cached").inc()
+            cached = pb.InferResponse(
+                request_id=request.request_id,
+                status=pb.STATUS_INTERNAL,
+                error_message="answered already; the answer is no longer in the gateway's response cache",
+                model_name=request.model_name,
+            ).SerializeToString()
+        self._replies.respond(agent_id, cached)
 
     def reroute(self, item: WorkItem, failed_pool: str) -> bool:
         """Give a request whose pool failed to another pool (spillover with that pool marked unhealthy)."""

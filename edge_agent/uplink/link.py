@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -87,6 +87,9 @@ class Uplink:
         self.carriers: dict[str, Carrier] = {}
         self.outstanding = OutstandingTable(answered_window=4 * self._up.max_inflight)
         self._queue = SendQueue()
+        # Re-asks for answers lost with a carrier: ahead of the queue and outside the send window, which
+        # counts them already (the gateway still holds them; a re-ask adds no work there).
+        self._reasks: deque[bytes] = deque()
         self._wake = asyncio.Event()  # the sender: something to send, or a carrier came up
         self._timers_changed = asyncio.Event()  # the watchdog: a timer earlier than it sleeps until
         self._watch_until = 0.0
@@ -191,7 +194,7 @@ class Uplink:
     async def _sender(self) -> None:
         linger = self._config.batching.linger_ms / 1000
         while True:
-            if not self._queue:
+            if not self._queue and not self._reasks:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -216,6 +219,8 @@ class Uplink:
 
     def _send_some(self, carrier: Carrier) -> float | None:
         """Send one frame; None when it went out, else how long to wait before trying again."""
+        if self._reasks:
+            return self._send_reasks(carrier)
         room = self.window.room(self.outstanding.held)
         if not room:  # an answer, a refusal or a resend opens it, and wakes the sender
             self.stats.window_full += 1
@@ -234,6 +239,31 @@ class Uplink:
         batch = chosen.requests
         if not batch:
             return chosen.wait_s
+        return self._send_batch(
+            carrier, batch, now, lambda ids: self._queue.push_front(self.outstanding, ids)
+        )
+
+    def _send_reasks(self, carrier: Carrier) -> float | None:
+        """One frame of re-asks (those still unanswered and not acknowledged again since)."""
+        batch: list[pb.InferRequest] = []
+        while self._reasks and len(batch) < self.max_records:
+            entry = self.outstanding.get(self._reasks.popleft())
+            if entry is not None and not entry.accepted:
+                batch.append(entry.request)
+        if not batch:
+            return None  # nothing left to re-ask: the queue's turn
+        return self._send_batch(
+            carrier, batch, self._clock(), lambda ids: self._reasks.extendleft(reversed(ids))
+        )
+
+    def _send_batch(
+        self,
+        carrier: Carrier,
+        batch: list[pb.InferRequest],
+        now: float,
+        put_back: Callable[[list[bytes]], None],
+    ) -> float | None:
+        """Send ``batch`` as one frame (``put_back`` its ids when it cannot go now); as ``_send_some``."""
         message_id = new_id()
         attempt = max(self._attempts(r.request_id) for r in batch)
         deadline = min((r.deadline_unix_us for r in batch if r.deadline_unix_us), default=0)
@@ -259,10 +289,10 @@ class Uplink:
                 )
             else:
                 self.max_records = max(1, len(batch) // 2)
-                self._queue.push_front(self.outstanding, ids)
+                put_back(ids)
             return None
         if not send_nowait(carrier.sock, frames):  # HWM reached or not connected: try again later
-            self._queue.push_front(self.outstanding, ids)
+            put_back(ids)
             return min(0.05, self._up.ping_interval_s)
         self.outstanding.sent(SentFrame(message_id, carrier.name, ids, now), self._up.ack_timeout_s)
         self._timer_set(now + self._up.ack_timeout_s)
@@ -304,10 +334,12 @@ class Uplink:
 
     def _resend_stranded(self, via: Carrier, now: float) -> None:
         """A Pong on ``via`` after a carrier went silent or was removed: the gateway is there, and the
-        answers to what it accepted over the lost carrier may have been lost with it. Those requests are
-        resent (``via``'s gateway epoch only: an older one is ``_gateway_restarted``'s); the gateway's
-        dedupe window acknowledges each as a duplicate and, if it has answered it already, sends the
-        answer again from its response cache, on the carrier the agent now speaks on."""
+        answers to what it accepted over the lost carrier may have been lost with it (a black-holed link
+        keeps its TCP connection up while the answers sent into it go nowhere). The agent asks again for
+        those (``via``'s gateway epoch only: an older one is ``_gateway_restarted``'s): the same requests,
+        next on the wire, outside the send window (the gateway holds them already). Its dedupe window
+        acknowledges each as a duplicate and never runs it twice: one still running is answered when done,
+        one answered already from its response cache, either on the carrier the re-ask came on."""
         lost = {name for name, at in self._lost_paths.items() if at < now}
         if not lost:
             return
@@ -317,8 +349,13 @@ class Uplink:
         for rid in stranded:
             entry = self.outstanding.get(rid)
             if entry is not None:
-                entry.accepted = False
-        self._resend(stranded, "carrier_down")
+                entry.accepted = False  # until the re-ask's Ack: without one it is resent as unacked
+                entry.attempts += 1
+                entry.frame = b""
+        if stranded:
+            self._reasks.extend(stranded)
+            self.stats.resent["carrier_down"] += len(stranded)
+            self._wake.set()
 
     def _expire(self, rid: bytes) -> None:
         entry = self.outstanding.close(rid, expired=True)

@@ -55,6 +55,7 @@ succeeded or failed -> disconnected; accept_failed is one the ROUTER could not t
 descriptors). They are what the gateway can know of frames that never arrived: frames an agent drops from
 its own queue when it closes its socket never reach this side (docs/PROTOCOL.md section 2)."""
 _MONITORED = functools.reduce(operator.or_, _CONNECTION_EVENTS)
+_DEFAULT_HEARTBEAT_TIMEOUT_MS = int(ZmqConfig.model_fields["heartbeat_timeout_ms"].default)
 
 
 class SendResult:
@@ -158,6 +159,16 @@ class CarrierIngress:
             return self.bind
         last = self._sock.getsockopt(zmq.LAST_ENDPOINT)
         return last.decode() if isinstance(last, bytes) else str(last)
+
+    @property
+    def silent_after_s(self) -> float:
+        """How long a peer may go unheard on this carrier before it counts as gone: libzmq closes a
+        connection that sends nothing for the ZMTP heartbeat timeout after a heartbeat (the interval, when
+        no timeout is set). With heartbeats off nothing closes it; the configured default is used."""
+        z = self._zcfg
+        if z.heartbeat_ivl_ms:
+            return (z.heartbeat_timeout_ms or z.heartbeat_ivl_ms) / 1000
+        return _DEFAULT_HEARTBEAT_TIMEOUT_MS / 1000
 
     @property
     def bound(self) -> bool:
