@@ -37,7 +37,9 @@ class FaultInjectingBackend:
     """Wraps a real backend and injects faults on demand: failures, slowness, refusal to serve.
 
     Config: ``{type = "fault-injecting", inner = {type = "onnx", ...}}``. Tests flip ``fail``, ``delay_s``
-    or ``healthy`` on the live object (``gateway.backends[name]``) and read ``calls``.
+    or ``healthy`` on the live object (``gateway.backends[name]``) and read ``calls``; a ``gate`` (an
+    ``asyncio.Event``) holds every call until the test sets it, so a test decides when calls finish instead
+    of racing a delay against the machine's speed.
     """
 
     def __init__(self, name: str, inner: Backend) -> None:
@@ -46,6 +48,7 @@ class FaultInjectingBackend:
         self.fail = False
         self.overloaded = False
         self.delay_s = 0.0
+        self.gate: asyncio.Event | None = None
         self.healthy = True
         self.calls = 0
         self.rows = 0
@@ -56,6 +59,8 @@ class FaultInjectingBackend:
     async def infer(self, call: InferCall) -> InferResult:
         self.calls += 1
         self.rows += len(next(iter(call.inputs.values()))) if call.inputs else 0
+        if self.gate is not None:
+            await self.gate.wait()
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         if self.overloaded:
