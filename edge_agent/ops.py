@@ -16,9 +16,12 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from edge_agent.admission import Admission
+from edge_agent.callers import Callers
 from edge_agent.config import AgentConfig
 from edge_agent.discovery import DiscoverySource, FailureReason, GatewayDiscovery
 from edge_agent.errors import ErrorCounts
+from edge_agent.parked import ParkedAnswers
 from edge_agent.spool import Spool
 from edge_agent.stats import AgentStats
 from edge_agent.uplink import Uplink
@@ -76,6 +79,12 @@ class ObservedAgent(Protocol):
     def local(self) -> object | None:
         """The local tier, when one is loaded (only its presence is read)."""
 
+    @property
+    def callers(self) -> Callers | None: ...
+
+    @property
+    def admission(self) -> Admission | None: ...
+
 
 class AgentCollector:
     """Exports an EdgeAgent's counters and gauges."""
@@ -98,6 +107,29 @@ class AgentCollector:
             yield from self._discovery(agent.discovery)
         if agent.spool is not None:
             yield from self._spool(agent.spool)
+        if agent.callers is not None:
+            yield from self._parked(agent.callers.parked)
+        if agent.admission is not None:
+            yield _counter(
+                "reattached_requests",
+                "Requests a reconnected caller sent again and the agent attached to what it held for it",
+                agent.admission.reattached,
+            )
+
+    @staticmethod
+    def _parked(parked: ParkedAnswers) -> Iterator[Metric]:
+        yield _gauge("parked_answers_held", "Answers held for callers not connected", len(parked))
+        yield _gauge("parked_answer_bytes", "What the held answers cost", parked.nbytes)
+        yield _counters(
+            "parked_answers",
+            "Answers parked for a caller that was not connected, and what became of them",
+            "outcome",
+            [
+                ("parked", parked.parked),
+                ("claimed", parked.claimed),
+                *((str(reason), count) for reason, count in sorted(parked.dropped.items())),
+            ],
+        )
 
     @staticmethod
     def _intake(stats: AgentStats) -> Iterator[Metric]:
@@ -213,9 +245,7 @@ class AgentCollector:
 
     @staticmethod
     def _spool(spool: Spool) -> Iterator[Metric]:
-        yield _gauge(
-            "spool_records", "Requests in the spool, not yet accepted by Hong Kong", spool.live_records
-        )
+        yield _gauge("spool_records", "Requests in the spool, not yet answered", spool.live_records)
         yield _gauge("spool_bytes", "Spool size on disk", spool.disk_bytes)
         yield _gauge("spool_oldest_age_seconds", "Age of the oldest spooled request", spool.oldest_age_s)
         yield _counters(

@@ -21,10 +21,10 @@ from gateway.testing import wait_for
 from tests.edge_agent.conftest import NOWHERE, agent_config, heavy_realtime
 
 
-def exported(agent: EdgeAgent, name: str) -> dict[str, float]:
-    """One labelled metric of the agent's collector: reason label -> value."""
+def exported(agent: EdgeAgent, name: str, label: str = "reason") -> dict[str, float]:
+    """One labelled metric of the agent's collector: label value -> value."""
     return {
-        sample.labels["reason"]: sample.value
+        sample.labels[label]: sample.value
         for family in AgentCollector(agent).collect()
         for sample in family.samples
         if sample.name == name
@@ -125,3 +125,36 @@ async def test_intake_frames_that_cannot_be_taken_are_counted_by_reason(
     assert bad["unexpected_kind"] == 1
     assert sum(bad.values()) == 2
     assert "other" in bad and "frame_too_large" in bad  # every reason present from the start
+
+
+async def test_parked_answers_and_reattached_requests_are_exported(models_dir: Path, tmp_path: Path) -> None:
+    """edge_parked_answers_total has every outcome from the start; a parked answer shows in it and in the
+    held gauge (operators see answers waiting for a caller that went away)."""
+    async with EdgeAgent(
+        agent_config(NOWHERE, models_dir, tmp_path / "spool", local={"enabled": False})
+    ) as agent:
+        assert agent.callers is not None
+        before = {
+            sample.labels.get("outcome", sample.name): sample.value
+            for family in AgentCollector(agent).collect()
+            if family.name in {"edge_parked_answers", "edge_parked_answers_held", "edge_reattached_requests"}
+            for sample in family.samples
+        }
+        agent.callers.parked.park(b"svc-1", pb.InferResponse(request_id=b"r" * 16, status=pb.STATUS_OK))
+        after = exported(agent, "edge_parked_answers_total", label="outcome")
+        held = next(
+            s.value
+            for f in AgentCollector(agent).collect()
+            for s in f.samples
+            if s.name == "edge_parked_answers_held"
+        )
+    assert before == {
+        "parked": 0,
+        "claimed": 0,
+        "expired": 0,
+        "full": 0,
+        "edge_parked_answers_held": 0,
+        "edge_reattached_requests_total": 0,
+    }
+    assert after["parked"] == 1
+    assert held == 1
