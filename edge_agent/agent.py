@@ -128,6 +128,13 @@ class EdgeAgent:
 
             self.local = LocalTier(cfg.local.repository, cfg.local.threads)
             await self.local.start()
+        elif cfg.local.enabled:
+            # Not an error (a node may get its models later), but never silent: every request then goes to
+            # Hong Kong, and realtime ones that cannot make the round trip fail fast.
+            log.warning(
+                "local tier enabled but its model repository does not exist: no local tier",
+                repository=str(cfg.local.repository),
+            )
         self.spool = spool = Spool(
             cfg.spool.directory / cfg.name,
             segment_bytes=cfg.spool.segment_bytes,

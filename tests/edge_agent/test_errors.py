@@ -158,3 +158,14 @@ async def test_parked_answers_and_reattached_requests_are_exported(models_dir: P
     }
     assert after["parked"] == 1
     assert held == 1
+
+
+async def test_a_missing_local_repository_is_said_at_start(tmp_path: Path) -> None:
+    """local.enabled with a repository path that does not exist: the agent runs without a local tier and
+    says so in its log, naming the path (a mistyped path was silent)."""
+    missing = tmp_path / "no-such-models"
+    with capture_logs() as logs:
+        async with EdgeAgent(agent_config(NOWHERE, missing, tmp_path / "spool")) as agent:
+            assert agent.local is None
+    warned = [e for e in logs if e["event"].startswith("local tier enabled but its model repository")]
+    assert [(e["log_level"], e["repository"]) for e in warned] == [("warning", str(missing))]
