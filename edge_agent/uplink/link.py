@@ -35,6 +35,7 @@ log = structlog.get_logger("edge_agent.uplink")
 OnResponse = Callable[[pb.InferResponse], None]
 OnAccepted = Callable[[list[bytes]], None]
 MIN_TIMER_WAIT_S = 0.001
+ANSWERED_WINDOW = 80_000
 
 
 @dataclass
@@ -85,7 +86,9 @@ class Uplink:
         self._clock = clock
         self.errors = errors or ErrorCounts()
         self.carriers: dict[str, Carrier] = {}
-        self.outstanding = OutstandingTable(answered_window=4 * self._up.max_inflight)
+        # Ids answered recently (a reused id, a late second answer): the last ANSWERED_WINDOW, not a
+        # multiple of max_inflight, which is sized for outages (about 150 bytes an id).
+        self.outstanding = OutstandingTable(answered_window=ANSWERED_WINDOW)
         self._queue = SendQueue()
         # Re-asks for answers lost with a carrier: ahead of the queue and outside the send window, which
         # counts them already (the gateway still holds them; a re-ask adds no work there).
