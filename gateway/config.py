@@ -251,13 +251,15 @@ def _backend_section(section: dict[str, Any]) -> dict[str, Any]:
     known = sorted({*option_types(), *registered_types()})
     kind = section.get("type")
     if not isinstance(kind, str):
-        raise invalid("backend", [(("type",), f"required: one of {known}")])
+        raise invalid("backend", [(("type",), f"required: one of {', '.join(known)}")])
     options = {k: v for k, v in section.items() if k != "type"}
     try:
         model = options_model(kind)
     except LookupError:
         if kind not in known:
-            raise invalid("backend", [(("type",), f"unknown type {kind!r}; known: {known}")]) from None
+            raise invalid(
+                "backend", [(("type",), f"unknown type {kind!r}; known: {', '.join(known)}")]
+            ) from None
         # A factory registered without an options model (gateway.testing's fault-injecting wrapper) is
         # checked by building it, which reads its options and connects to nothing.
         create(kind, kind, options)

@@ -117,7 +117,7 @@ class BackendOptions(BaseModel):
             refused = [(tuple(e["loc"]), _worded(e), e.get("input")) for e in exc.errors(include_url=False)]
         if not unknown and not refused:
             return validated
-        listed = f"unknown option; known: {cls.known_options()}"
+        listed = f"unknown option; known: {', '.join(cls.known_options())}"
         raise ValidationError.from_exception_data(
             cls.__name__,
             [
@@ -156,12 +156,25 @@ def backend_options(type_name: str) -> Callable[[type[Options]], type[Options]]:
     return wrap
 
 
+def as_toml(value: Any) -> str:
+    """A refused value as the operator wrote it in TOML (``true``, ``"latest"``, ``[1, 2]``), not a repr."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(as_toml(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key} = {as_toml(item)}" for key, item in value.items()) + "}"
+    return str(value)
+
+
 def options_model(type_name: str) -> type[BackendOptions]:
     """The options model of a backend type; a LookupError for a type nothing registered."""
     try:
         return _REGISTRY[type_name]
     except KeyError:
-        raise LookupError(f"unknown type {type_name!r}; known: {option_types()}") from None
+        raise LookupError(f"unknown type {type_name!r}; known: {', '.join(option_types())}") from None
 
 
 def option_types() -> list[str]:
@@ -189,7 +202,7 @@ def integer(*, minimum: int = 1, maximum: int | None = None) -> WrapValidator:
             else:
                 if number >= minimum and (maximum is None or number <= maximum):
                     return number
-        raise _refused(f"must be {kind}, got {value!r}")
+        raise _refused(f"must be {kind}, got {as_toml(value)}")
 
     return WrapValidator(check)
 
@@ -207,7 +220,7 @@ def seconds(*, zero_allowed: bool = False) -> WrapValidator:
             else:
                 if number > 0 or (number == 0 and zero_allowed):
                     return number
-        raise _refused(f"must be {bound}, got {value!r}")
+        raise _refused(f"must be {bound}, got {as_toml(value)}")
 
     return WrapValidator(check)
 
@@ -220,7 +233,7 @@ def flag() -> WrapValidator:
             return value
         if isinstance(value, str) and value.lower() in ("true", "false"):
             return value.lower() == "true"
-        raise _refused(f"must be true or false, got {value!r}")
+        raise _refused(f"must be true or false, got {as_toml(value)}")
 
     return WrapValidator(check)
 
@@ -231,7 +244,7 @@ def text() -> WrapValidator:
     def check(value: Any, handler: ValidatorFunctionWrapHandler) -> str:
         if isinstance(value, str) and value:
             return value
-        raise _refused(f"must be a non-empty string, got {value!r}")
+        raise _refused(f"must be a non-empty string, got {as_toml(value)}")
 
     return WrapValidator(check)
 
@@ -245,6 +258,6 @@ def version(*, numeric: bool = False) -> WrapValidator:
         as_text = str(value) if isinstance(value, int | str) and not isinstance(value, bool) else ""
         if as_text and (not numeric or as_text.isdecimal()):
             return as_text
-        raise _refused(f"must be {kind}, got {value!r}")
+        raise _refused(f"must be {kind}, got {as_toml(value)}")
 
     return WrapValidator(check)
