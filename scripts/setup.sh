@@ -16,6 +16,13 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
     exit 1
 fi
 
+# Debian's own Python needs two more packages: venv's ensurepip (python3-venv) and the shared libpython
+# that Triton's python backend loads (scripts/install_tritonserver.sh). A Python built elsewhere has both.
+if [[ $(readlink -f "$(command -v "$PYTHON")") == /usr/bin/* ]]; then
+    pyver=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+    APT_PACKAGES+=("python$pyver-venv" "libpython$pyver")
+fi
+
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
