@@ -18,6 +18,7 @@ import zmq.asyncio
 from bench.blackhole import BlackHole, unavailable
 from edge_agent.agent import EdgeAgent
 from edge_agent.synthetic import SyntheticTraffic
+from edge_agent.uplink import Outstanding
 from edgewire import FrameCodec, new_id, now_unix_us, pb
 from gateway.server import Gateway
 from gateway.testing import FaultInjectingBackend, WireClient, run_gateway, wait_for
@@ -217,6 +218,11 @@ class Caller:
         self._ctx.term()
 
 
+def reasked(entry: Outstanding | None, lost: str) -> bool:
+    """Sent again on another carrier than ``lost`` and acknowledged there."""
+    return entry is not None and entry.accepted and entry.carrier != lost
+
+
 def port_of(endpoint: str) -> int:
     return int(endpoint.rsplit(":", 1)[1])
 
@@ -231,9 +237,10 @@ async def test_black_holed_carrier_strands_no_answer(
     answered: str,
 ) -> None:
     """The agent's carrier is black-holed (its packets dropped, both ways or only towards the agent; TCP
-    still up) while 40 requests the gateway accepted on it are running, and 40 more are sent into it. Their
-    answers come out before the agent re-asks (into the dead carrier: re-asked, answered from the cache) or
-    after (joined): every request answered once, none DEADLINE_EXCEEDED, each accepted and run once."""
+    still up) while a send window's worth of requests the gateway accepted on it are running, and 40 more
+    wait for room. The answers come out before the agent re-asks (into the dead carrier: re-asked,
+    answered from the cache) or after (joined): every request answered once, none DEADLINE_EXCEEDED, each
+    accepted and run once; the re-asks did not wait for room in the window (nothing would open it)."""
     reason = unavailable()
     if reason is not None:
         pytest.skip(reason)
@@ -247,7 +254,8 @@ async def test_black_holed_carrier_strands_no_answer(
             await wait_for(lambda: uplink.best() is not None)
             caller = Caller(agent.intake_endpoint)
             try:
-                first = synthetic(40, seed=31)
+                # As many as the send window lets the gateway hold: the second batch waits for room.
+                first = synthetic(config.uplink.send_window_initial, seed=31)
                 await caller.send(first)
                 ids = set(ids_of(first))
                 await wait_for(
@@ -255,15 +263,22 @@ async def test_black_holed_carrier_strands_no_answer(
                     timeout_s=15,
                     what="the first requests accepted",
                 )
+                second = synthetic(40, seed=32)
+                await caller.send(second)
+                ids |= set(ids_of(second))
+                await wait_for(
+                    lambda: uplink.inflight == len(ids) and uplink.stats.window_full > 0,
+                    what="the second batch waiting for room in the send window",
+                )
                 victim = uplink.best()
                 assert victim is not None
                 with BlackHole(port_of(victim.endpoint), direction):
-                    second = synthetic(40, seed=32)
-                    await caller.send(second)
-                    ids |= set(ids_of(second))
                     if answered == "after_the_reask":
+                        # All of the first batch asked for again on another carrier, and acked there.
                         await wait_for(
-                            lambda: total(gw, "hkgw_requests_duplicate_total") >= len(first),
+                            lambda: all(
+                                reasked(uplink.outstanding.get(i), victim.name) for i in ids_of(first)
+                            ),
                             timeout_s=15,
                             what="the agent's re-ask",
                         )
