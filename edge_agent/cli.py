@@ -11,11 +11,16 @@ import sys
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
+
+import structlog
 
 from edge_agent.synthetic import PROFILES, SyntheticTraffic
 from edgewire import labels
 from routing.regions import REGIONS
+from service.logs import LogFormat
+
+log = structlog.get_logger("edge_agent")
 
 KIND_NAMES = labels.REQUEST_KIND
 PRIORITY_NAMES = labels.PRIORITY
@@ -30,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--region", help="this agent's region (see `edge-agent regions`)")
     parser.add_argument("--config", type=Path, help="TOML config (deploy/edge-agent.example.toml)")
     parser.add_argument("--intake", help="override intake (local endpoint for services)")
+    parser.add_argument("--log-format", choices=get_args(LogFormat), help="override logging.format")
     parser.add_argument(
         "--synthetic", type=int, metavar="N", help="drive N synthetic requests, print a summary"
     )
@@ -116,6 +122,8 @@ def _run(args: argparse.Namespace) -> int:
         overrides["region"] = args.region
     if args.intake:
         overrides["intake"] = args.intake
+    if args.log_format:
+        overrides["logging"] = {"format": args.log_format}
     try:
         config = load_config(args.config, overrides=overrides)
     except AgentConfigError as exc:
@@ -145,6 +153,17 @@ async def _serve(config: Any, args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     await agent.start()  # serve() starts it too; started first, the start-up heap can be frozen
     freeze_startup_objects()  # full collections no longer scan the start-up heap (service/runtime.py)
+    # What a supervisor (the demo, a test) reads to find this process's ports, like the gateway's
+    # "gateway ready": the intake and HTTP ports chosen when the config asked for any free one.
+    log.info(
+        "agent ready",
+        agent=config.name,
+        region=config.region,
+        pid=os.getpid(),
+        intake=agent.intake_endpoint,
+        http_port=agent.http.port if agent.http is not None else None,
+        local_tier=agent.local is not None,
+    )
     if args.synthetic:
         serving = asyncio.create_task(agent.serve(stop))
         try:
