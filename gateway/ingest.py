@@ -8,7 +8,7 @@ backend call) happen later in the pool dispatchers.
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -52,6 +52,9 @@ _REJECT_NACKS: dict[Reason, pb.NackReason.ValueType] = {
     Reason.REJECT_NO_POOL: pb.NACK_REASON_INVALID_REQUEST,
 }
 RETRYABLE_NACKS = frozenset({pb.NACK_REASON_OVERLOADED, pb.NACK_REASON_DRAINING})
+MAX_ASKED_ON = 1 << 20
+"""Accepted requests whose carrier is remembered for their answer (about 150 bytes each); beyond it the
+oldest go, and their answers take the carrier of the first copy (``WorkItem.carrier``)."""
 
 
 class LogSampler:
@@ -111,6 +114,9 @@ class Ingest:
         self._capture = capture
         self.dedupe = DedupeWindow(config.dedupe.window_s, config.dedupe.max_entries)
         self.responses = ResponseCache(config.dedupe.response_cache_bytes)
+        # Accepted, unanswered: request id -> (the carrier its answer goes on, the agent's sent_at of the
+        # frame that asked for it there).
+        self._asked_on: OrderedDict[bytes, tuple[str, int]] = OrderedDict()
         self.draining = False
         self.epoch = time.time_ns()  # a new value each time the process starts
         self._retry_after_ms = config.replies.retry_after_ms
@@ -146,9 +152,8 @@ class Ingest:
             return
         frame = _Frame(carrier, routing_id, envelope, agent_id, region)
         kind = envelope.kind
-        # A request frame also says where the agent now sends its requests: answers follow it there.
         self._replies.seen(
-            agent_id, carrier.name, routing_id, self._clock(), asked=kind == pb.MESSAGE_KIND_REQUEST_BATCH
+            agent_id, carrier.name, routing_id, self._clock(), sent_us=envelope.sent_at_unix_us
         )
         if kind == pb.MESSAGE_KIND_PING:
             self._answer_ping(frame, body[1])
@@ -249,6 +254,7 @@ class Ingest:
             admitted = self._screen(frame, request, now, wall_us, ack)
             if admitted is not None and self._queue(frame, request, *admitted, now, signals, ack):
                 self.dedupe.accept(request.request_id, now)
+                self._ask_on(frame, request.request_id, again=False)
                 ack.accepted_ids.append(request.request_id)
         metrics = self._metrics
         metrics.child(metrics.accepted, frame.carrier.name).inc(len(ack.accepted_ids))
@@ -274,13 +280,15 @@ class Ingest:
             return None
         state = self.dedupe.state(rid, now)
         if state is not None:
-            # A resend or a re-ask (the agent lost the way its answer was on): never run twice. A request
-            # still running is answered when done, on the carrier this frame came on (ReplyRouter); one
-            # answered already gets its answer again from the cache.
+            # A resend or a re-ask (the agent lost the carrier its answer was to come on): never run twice.
+            # A request still running is answered when done on the carrier this frame came on; one answered
+            # already gets its answer again there, from the cache.
             ack.duplicate_ids.append(rid)
             self._metrics.child(self._metrics.duplicates, frame.carrier.name).inc()
             if state is RequestState.DONE:
-                self._redeliver(frame.agent_id, request)
+                self._redeliver(frame, request)
+            else:
+                self._ask_on(frame, rid, again=True)
             return None
         if request.model_name not in self._policy.policy.config.models:
             self._nack(ack, rid, pb.NACK_REASON_UNKNOWN_MODEL, f"model {request.model_name!r}")
@@ -348,7 +356,20 @@ class Ingest:
         ack.nacks.append(pb.Nack(request_id=rid, reason=reason, retry_after_ms=retry, detail=detail))
         self._metrics.child(self._metrics.nacks, NACK_LABELS[reason]).inc()
 
-    def _redeliver(self, agent_id: str, request: pb.InferRequest) -> None:
+    def _ask_on(self, frame: _Frame, rid: bytes, *, again: bool) -> None:
+        """The answer to ``rid`` goes on ``frame``'s carrier: the newest frame (by the agent's clock) that
+        asked for it. A copy sent earlier and delivered late (by TCP, after a black-hole lifted) does not
+        move it back onto the connection the agent has left."""
+        sent_us = frame.envelope.sent_at_unix_us
+        if again:
+            previous = self._asked_on.get(rid)
+            if previous is not None and sent_us and sent_us < previous[1]:
+                return
+        self._asked_on[rid] = (frame.carrier.name, sent_us)
+        if len(self._asked_on) > MAX_ASKED_ON:
+            self._asked_on.popitem(last=False)
+
+    def _redeliver(self, frame: _Frame, request: pb.InferRequest) -> None:
         """The answer to a request answered already, again: from the cache, or, when the cache no longer
         holds it, an error saying so (running it again could serve it twice; silence would leave the
         agent waiting for its deadline)."""
@@ -361,7 +382,7 @@ class Ingest:
                 error_message="answered already; the answer is no longer in the gateway's response cache",
                 model_name=request.model_name,
             ).SerializeToString()
-        self._replies.respond(agent_id, cached)
+        self._replies.respond(frame.agent_id, cached, frame.carrier.name)
 
     def reroute(self, item: WorkItem, failed_pool: str) -> bool:
         """Give a request whose pool failed to another pool (spillover with that pool marked unhealthy)."""
@@ -418,7 +439,8 @@ class Ingest:
             self.dedupe.done(rid)
             if self.responses.max_bytes:
                 self.responses.put(rid, data)
-        self._replies.respond(item.agent_id, data)
+        asked_on = self._asked_on.pop(rid, (item.carrier, 0))[0]
+        self._replies.respond(item.agent_id, data, asked_on)
 
     def flush_replies(self) -> None:
         self._replies.flush()

@@ -1,10 +1,11 @@
 """Answers to agents: on whichever carrier the agent is reachable through, coalesced per loop tick.
 
-The gateway remembers, per agent, the routing id it last used on each carrier, when it last heard from it
-there, and the carrier of its latest request frame. A response goes out on that carrier: the agent sends
-its requests on the carrier it finds best, moves them to another when that one fails, and re-asks there
-for answers it is still owed (PROTOCOL.md section 12), so the answer follows the agent's requests and not
-its pings, which it sends on every carrier, the failed one included when only the way back is broken.
+The gateway remembers, per agent, the routing id it last used on each carrier and when it last heard from
+the agent there. A response goes out on the carrier its request came on, or the one the agent last asked
+for it again on (a re-ask after a failover, PROTOCOL.md section 12): the agent re-asks for exactly the
+requests whose carrier it lost, so an answer sent into a carrier that then fails is always asked for
+again. Not on the carrier the agent was heard on last: that is usually a ping, which the agent sends on
+every carrier, the failed one too when only the way back is broken.
 
 A route the agent has not been heard from for longer than its carrier's ZMTP heartbeat timeout is not used
 while another one has been: the agent pings every carrier every ping interval, so such a route is dead (a
@@ -12,6 +13,11 @@ black-holed link whose TCP connection still looks up), and libzmq will close it 
 out; answers already sent into it cannot be recalled and are re-asked for by the agent. If the peer is gone
 (ROUTER_MANDATORY says so) the next route is tried. An agent reachable on none has its responses kept,
 bounded, until it shows up again (any frame, e.g. its next ping), then they are delivered.
+
+A frame the agent sent before the one a route was learnt from (by the envelope's ``sent_at_unix_us``, the
+agent's own clock, so skew between the two does not matter) does not change that route: after a
+black-hole lifts, TCP delivers what the agent had sent into the old connection, which is about to close,
+while the agent already speaks on a new one.
 """
 
 from __future__ import annotations
@@ -35,9 +41,15 @@ RESPONSES_FIELD = pb.ResponseBatch.DESCRIPTOR.fields_by_name["responses"].number
 
 
 @dataclass(slots=True)
+class _Route:
+    routing_id: bytes
+    seen: float  # when last heard from on it (monotonic)
+    sent_us: int  # the agent's sent_at of that frame
+
+
+@dataclass(slots=True)
 class _AgentRoutes:
-    by_carrier: dict[str, tuple[bytes, float]] = field(default_factory=dict)  # carrier -> (routing id, seen)
-    asked_on: str = ""  # the carrier of its latest request frame
+    by_carrier: dict[str, _Route] = field(default_factory=dict)
     pending: deque[bytes] = field(default_factory=deque)  # serialized responses
 
 
@@ -60,43 +72,45 @@ class ReplyRouter:
         self._instance = instance
         self._clock = clock  # the clock ``seen`` is given its ``now`` by
         self._agents: OrderedDict[str, _AgentRoutes] = OrderedDict()
-        self._outbox: dict[str, list[bytes]] = {}
+        self._outbox: dict[tuple[str, str], list[bytes]] = {}  # (agent, carrier asked on) -> responses
         self._flush_scheduled = False
         self.pending_total = 0
-        # Responses sent on another carrier than the agent's latest request frame came on (that route was
-        # silent, gone or full): answers that followed the agent off a failed carrier.
+        # Responses sent on another carrier than the one they were asked on (that route silent, gone or
+        # full): answers that followed the agent off a failed carrier.
         self.moved = 0
 
     # ------------------------------------------------------------------ who is where
 
-    def seen(
-        self, agent_id: str, carrier: str, routing_id: bytes, now: float, *, asked: bool = False
-    ) -> None:
-        """An agent spoke on a carrier (``asked``: a request frame): remember the route, deliver anything
-        it missed."""
+    def seen(self, agent_id: str, carrier: str, routing_id: bytes, now: float, *, sent_us: int = 0) -> None:
+        """An agent spoke on a carrier in a frame it sent at ``sent_us`` (its clock; 0: unknown): remember
+        the route unless the frame is older than the one it was learnt from, deliver anything it missed."""
         routes = self._routes_of(agent_id)
-        routes.by_carrier[carrier] = (routing_id, now)
-        if asked:
-            routes.asked_on = carrier
+        route = routes.by_carrier.get(carrier)
+        # A silent route takes even an older frame: a clock stepped back must not freeze it.
+        if route is None or not sent_us or sent_us >= route.sent_us or self._silent(route, carrier, now):
+            routes.by_carrier[carrier] = _Route(routing_id, now, sent_us)
         if routes.pending:
-            self._outbox.setdefault(agent_id, []).extend(routes.pending)
+            self._outbox.setdefault((agent_id, ""), []).extend(routes.pending)
             self.pending_total -= len(routes.pending)
             routes.pending.clear()
             self._metrics.pending_replies.set(self.pending_total)
             self._schedule()
 
-    def _routes(self, agent_id: str, now: float) -> list[tuple[str, bytes]]:
-        """The routes to try, in order: the carrier the agent last asked on, then the others, most recently
-        heard from first; only those heard from within their carrier's heartbeat timeout while any is."""
+    def _routes(self, agent_id: str, asked_on: str, now: float) -> list[tuple[str, bytes]]:
+        """The routes to try, in order: ``asked_on``, then the others, most recently heard from first; only
+        those heard from within their carrier's heartbeat timeout while any is."""
         routes = self._agents.get(agent_id)
         if routes is None:
             return []
-        heard = sorted(routes.by_carrier.items(), key=lambda kv: kv[1][1], reverse=True)
-        live = [kv for kv in heard if now - kv[1][1] <= self._silent_after_s(kv[0])]
+        heard = sorted(routes.by_carrier.items(), key=lambda kv: kv[1].seen, reverse=True)
+        live = [(c, r) for c, r in heard if not self._silent(r, c, now)]
         candidates = live or heard
         # Stable: the carrier asked on first (when it is a candidate), the rest keep their recency order.
-        candidates.sort(key=lambda kv: kv[0] != routes.asked_on)
-        return [(carrier, rid) for carrier, (rid, _) in candidates]
+        candidates.sort(key=lambda kv: kv[0] != asked_on)
+        return [(carrier, route.routing_id) for carrier, route in candidates]
+
+    def _silent(self, route: _Route, carrier: str, now: float) -> bool:
+        return now - route.seen > self._silent_after_s(carrier)
 
     def _silent_after_s(self, carrier: str) -> float:
         ingress = self._carriers.get(carrier)
@@ -110,9 +124,10 @@ class ReplyRouter:
         if result != SendResult.SENT:
             self._metrics.child(self._metrics.replies_undeliverable, f"control_{result}").inc()
 
-    def respond(self, agent_id: str, response: bytes) -> None:
-        """Queue a response; all responses of one loop tick to one agent travel in one frame."""
-        self._outbox.setdefault(agent_id, []).append(response)
+    def respond(self, agent_id: str, response: bytes, asked_on: str = "") -> None:
+        """Queue a response to a request asked for on carrier ``asked_on`` ("": any); the responses of one
+        loop tick to one agent and carrier travel in one frame."""
+        self._outbox.setdefault((agent_id, asked_on), []).append(response)
         self._schedule()
 
     def _schedule(self) -> None:
@@ -123,17 +138,16 @@ class ReplyRouter:
     def flush(self) -> None:
         self._flush_scheduled = False
         outbox, self._outbox = self._outbox, {}
-        for agent_id, responses in outbox.items():
+        for (agent_id, asked_on), responses in outbox.items():
             for start in range(0, len(responses), MAX_RESPONSES_PER_FRAME):
                 chunk = responses[start : start + MAX_RESPONSES_PER_FRAME]
-                if not self._deliver(agent_id, chunk):
+                if not self._deliver(agent_id, asked_on, chunk):
                     self._park(agent_id, chunk)
 
-    def _deliver(self, agent_id: str, responses: list[bytes]) -> bool:
-        routes = self._routes(agent_id, self._clock())
+    def _deliver(self, agent_id: str, asked_on: str, responses: list[bytes]) -> bool:
+        routes = self._routes(agent_id, asked_on, self._clock())
         if not routes:
             return False
-        asked_on = self._agents[agent_id].asked_on
         payload = repeated_field(RESPONSES_FIELD, responses)
         frames = self._codec.encode(
             Serialized(pb.MESSAGE_KIND_RESPONSE_BATCH, payload, len(responses)),
@@ -157,7 +171,8 @@ class ReplyRouter:
 
     def _forget(self, agent_id: str, carrier: str, routing_id: bytes) -> None:
         routes = self._agents.get(agent_id)
-        if routes is not None and routes.by_carrier.get(carrier, (b"", 0.0))[0] == routing_id:
+        route = routes.by_carrier.get(carrier) if routes is not None else None
+        if routes is not None and route is not None and route.routing_id == routing_id:
             del routes.by_carrier[carrier]
 
     def _routes_of(self, agent_id: str) -> _AgentRoutes:

@@ -132,6 +132,61 @@ async def test_answer_to_a_reask_goes_to_the_carrier_it_came_on(
     assert executed == len(requests)
 
 
+async def test_an_answer_goes_on_its_requests_carrier_not_the_agents_latest(
+    models_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request asked on hgc is answered on hgc though the agent has since sent other requests on pccw:
+    the agent re-asks for what it sent on a carrier it lost, so its answer must not be sent elsewhere."""
+    async with run_gateway(models_dir=models_dir, **slow_backends()) as gw:
+        gate = Gate(gw, monkeypatch)
+        on_hgc, on_pccw = synthetic(4, seed=44), synthetic(4, seed=45)
+        async with (
+            WireClient(gw.endpoint("hgc"), agent_id="a4") as first,
+            WireClient(gw.endpoint("pccw"), agent_id="a4") as second,
+        ):
+            await first.wait_ack(await first.send(on_hgc))
+            await second.wait_ack(await second.send(on_pccw))
+            gate.open()
+            await first.wait_responses(ids_of(on_hgc))
+            await second.wait_responses(ids_of(on_pccw))
+            await settled(first)
+            await settled(second)
+    assert set(first.responses) == set(ids_of(on_hgc))
+    assert set(second.responses) == set(ids_of(on_pccw))
+
+
+async def test_a_copy_delivered_late_moves_no_answer(
+    models_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Frames the agent sent before the ones a route was learnt from, delivered late (TCP after a black-hole
+    lifts, on the connection the agent has left): a late copy of a running request on pccw does not take
+    its answer off hgc, and a late ping on a second hgc connection does not take hgc's route."""
+    async with run_gateway(models_dir=models_dir, **slow_backends()) as gw:
+        gate = Gate(gw, monkeypatch)
+        requests = synthetic(4, seed=46)
+        early = now_unix_us() - 5_000_000
+        async with (
+            WireClient(gw.endpoint("hgc"), agent_id="a5") as current,
+            WireClient(gw.endpoint("hgc"), agent_id="a5") as old_hgc,
+            WireClient(gw.endpoint("pccw"), agent_id="a5") as old_pccw,
+        ):
+            await current.wait_ack(await current.send(requests))
+            late_copy = old_pccw.codec.encode(
+                pb.RequestBatch(requests=requests), agent_id="a5", message_id=new_id(), sent_at_unix_us=early
+            )
+            await old_pccw.send_raw(late_copy)
+            late_ping = old_hgc.codec.encode(pb.Ping(nonce=1), agent_id="a5", sent_at_unix_us=early)
+            await old_hgc.send_raw(late_ping)
+            await wait_for(lambda: total(gw, "hkgw_requests_duplicate_total") == len(requests))
+            assert await old_hgc.receive_one(5.0)  # its Pong: the late ping was handled
+            gate.open()
+            answers = await current.wait_responses(ids_of(requests))
+            await settled(old_pccw)
+            await settled(old_hgc)
+    assert {a.status for a in answers} == {pb.STATUS_OK}
+    assert old_pccw.responses == {} and old_hgc.responses == {}
+
+
 async def test_reask_of_an_answer_no_longer_cached_is_answered_with_an_error(models_dir: Path) -> None:
     """A re-ask for a request answered already whose answer the response cache no longer holds gets an
     explicit INTERNAL answer at once (counted), not silence until its deadline and not a second run."""
