@@ -70,7 +70,7 @@ class ReplyRouter:
         self._config = config
         self._metrics = metrics
         self._instance = instance
-        self._clock = clock  # the clock ``seen`` is given its ``now`` by
+        self._clock = clock  # the one the ``now`` given to ``seen`` comes from
         self._agents: OrderedDict[str, _AgentRoutes] = OrderedDict()
         self._outbox: dict[tuple[str, str], list[bytes]] = {}  # (agent, carrier asked on) -> responses
         self._flush_scheduled = False
