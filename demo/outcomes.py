@@ -1,9 +1,10 @@
 """What each answer that was not OK means for an operator: the demo's summary explains every one.
 
 An answer is grouped by its status and ``error_message`` (who wrote that message and why is the
-explanation); messages with a variable part (a pool's name, a spool drop reason, a backend's error)
-match by pattern. A message not in the table still gets its status's general meaning and is marked
-unexplained, so a new failure mode shows up in the summary instead of hiding in a total.
+explanation), numbers in the message written as N (``expired N ms ago``), so one cause is one line;
+messages with a variable part (a pool's or model's name, a spool drop reason) match by pattern. A
+message not in the table still gets its status's general meaning and is marked unexplained, so a new
+failure mode shows up in the summary instead of hiding in a total.
 """
 
 from __future__ import annotations
@@ -79,6 +80,25 @@ _TABLE: Final[tuple[tuple[str, str, Explanation], ...]] = (
         ),
     ),
     (
+        "DEADLINE_EXCEEDED",
+        r"model .*: deadline (of Ns )?passed before the call ran",
+        Explanation(
+            "a Hong Kong pool, without running it",
+            "the request waited in the gateway's pool queue (or CPU stage) until its deadline had passed "
+            "before its batch reached the model: Hong Kong's pools are behind (hkgw_pool_queue_depth, "
+            "the gateway's CPU); the N is how much time was left, negative when it had already run out",
+        ),
+    ),
+    (
+        "DEADLINE_EXCEEDED",
+        "expired N ms ago",
+        Explanation(
+            "the gateway's intake",
+            "the request's deadline had passed when it reached Hong Kong (by N ms): it waited in the agent "
+            "(spool, send window, a resend) or on the carrier for its whole budget",
+        ),
+    ),
+    (
         "OVERLOADED",
         "agent in-flight window full",
         Explanation(
@@ -140,18 +160,36 @@ BY_STATUS: Final = {
 }
 
 
+_NUMBER: Final = re.compile(r"(?<![\w.-])-?\d+(?:\.\d+)?")
+"""A number standing alone (``-0.17s``, ``89.1 ms``), not one inside a name (``gpu-a100``)."""
+
+
+def shape(message: str) -> str:
+    """``message`` with its numbers written as N: the grouping key of answers with one cause."""
+    return _NUMBER.sub("N", message)
+
+
+def grouped(not_ok: Counter[tuple[str, str]]) -> Counter[tuple[str, str]]:
+    """(status, message shape) -> answers."""
+    out: Counter[tuple[str, str]] = Counter()
+    for (status, message), count in not_ok.items():
+        out[(status, shape(message))] += count
+    return out
+
+
 def explain(status: str, message: str) -> Explanation | None:
     """The table's explanation of one (status, error_message), or None when it is not in the table."""
+    text = shape(message)
     for known, pattern, why in _PATTERNS:
-        if known == status and pattern.fullmatch(message):
+        if known == status and pattern.fullmatch(text):
             return why
     return None
 
 
 def explain_all(not_ok: Counter[tuple[str, str]]) -> list[str]:
-    """One line per (status, error_message), most frequent first, each with what it means."""
+    """One line per (status, message shape), most frequent first, each with what it means."""
     lines = []
-    for (status, message), count in not_ok.most_common():
+    for (status, message), count in grouped(not_ok).most_common():
         why = explain(status, message)
         text = (
             why.render()
@@ -163,5 +201,6 @@ def explain_all(not_ok: Counter[tuple[str, str]]) -> list[str]:
 
 
 def unexplained(not_ok: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
-    """The (status, error_message) pairs the table does not explain."""
-    return [(status, message) for status, message in not_ok if explain(status, message) is None]
+    """The (status, message shape) pairs the table does not explain."""
+    shapes = dict.fromkeys((status, shape(message)) for status, message in not_ok)
+    return [(status, text) for status, text in shapes if explain(status, text) is None]

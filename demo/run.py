@@ -21,7 +21,7 @@ import os
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ import aiohttp
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from demo.outcomes import explain, explain_all, unexplained
+from demo.outcomes import explain, explain_all, grouped, unexplained
 from demo.processes import (
     Child,
     machine_busy,
@@ -120,9 +120,12 @@ async def start_gateway(workdir: Path) -> Child:
     )
 
 
-async def start_agents(endpoints: dict[str, str], workdir: Path) -> list[Agent]:
+async def start_agents(
+    endpoints: dict[str, str], workdir: Path, launchers: Mapping[str, Sequence[str]] | None = None
+) -> list[Agent]:
     """``edge-agent --region R --config var/agents/R.toml`` per region, started together; returned once
-    each logged "agent ready" (its intake and HTTP ports)."""
+    each logged "agent ready" (its intake and HTTP ports). ``launchers``: per region, the module (and
+    its arguments) that runs that agent's command line instead of ``edge_agent`` (a profiler)."""
     folder = workdir / "agents"
     folder.mkdir(parents=True, exist_ok=True)
     carriers = "".join(
@@ -139,7 +142,8 @@ async def start_agents(endpoints: dict[str, str], workdir: Path) -> list[Agent]:
                 spool=workdir / "spool",
             )
         )
-        argv = ["edge_agent", "--region", profile.name, "--config", str(config)]
+        launcher = (launchers or {}).get(profile.name, ["edge_agent"])
+        argv = [*launcher, "--region", profile.name, "--config", str(config)]
         starts.append(
             start_child(f"edge-agent {profile.name}", argv, "agent ready", folder / f"{profile.name}.log")
         )
@@ -389,6 +393,7 @@ def as_json(run: Run) -> dict[str, Any]:
     not_ok: Counter[tuple[str, str]] = Counter()
     for a in run.agents:
         not_ok.update(a.result.not_ok)
+    not_ok = grouped(not_ok)
     return {
         "sent": sent,
         "answered": sum(a.result.answered for a in run.agents),
