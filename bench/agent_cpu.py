@@ -64,6 +64,25 @@ PARTS: Final = (
     ("prometheus_client/", "agent: other (housekeeping, HTTP, discovery)"),
 )
 UNATTRIBUTED: Final = "the loop itself (uvloop's C code)"
+READING: Final = """\
+Reading it: at this rate each request arrives alone (one intake frame, a local batch of one, an Ack
+and an answer frame, each send waking ZeroMQ's I/O thread), so the cost is per wake-up more than per
+request: the same job at 1,500 requests/s (`python -m demo --requests 4000 --rate 1500`, 2026-12-02,
+machine 1.94 cores busy) cost the agents 0.67 ms per request. The whole job (agents, gateway, driver)
+uses about a third of this machine's two cores at its default rate.
+
+Cut for issue 23 (edge_agent/local.py): the local tier serialized each request and parsed it again
+before its pipeline, and parsed each answer it had just serialized; ranking and text batches (up to
+64 KiB) are now prepared and finished on the event loop instead of two hand-offs to the CPU thread.
+Same job, trees differing only in local.py, alternating runs on the shared machine (1.2-2.0 of its
+cores busy with other work): 2.31 / 2.43 ms per request before, 2.03 / 2.14 after (event loop 1.38 /
+1.49 -> 1.63 / 1.70, other threads 0.76 / 0.78 -> 0.25 / 0.29).
+
+What is left, by the profile: zmq.asyncio's futures and poll-flag enums on every receive and send of
+the intake and the uplink (the gateway's carriers read their ROUTER from the loop's reader callback on
+a plain socket for this reason: 'Whole path' item 1); the ONNX call on a thread of its own (run inline
+for small ranking and text batches, an experiment, it went from 2.21 / 2.39 / 2.49 to 1.98 / 2.03 /
+2.29 ms, alternating); the pipelines' fixed cost per batch of one; the wire codec's per-frame work."""
 
 
 # ---------------------------------------------------------------------- the profiled agent
@@ -288,6 +307,8 @@ def render(
         "",
         f"Idle, each agent used {med['idle_ms_per_s_each']:.1f} ms of CPU per second (pings to three "
         "carriers every 0.5 s, timers).",
+        "",
+        READING,
     ]
     if profile is not None:
         parts, taken, cpu = profile
