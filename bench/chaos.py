@@ -12,7 +12,7 @@ As root the script runs itself again inside ``unshare --net`` (a network namespa
 so the nftables black-holes and ports touch nothing else; without root, scenarios that need a black-hole
 are skipped. ``--write`` puts the figures in docs/BENCHMARKS.md (section ``chaos``).
 
-Scenarios (issue 23 items 1 and 3):
+Scenarios (issue 23 items 1, 2 and 3):
 
 - ``black_hole``: every carrier's port black-holed (``bench.blackhole``: packets dropped, no RST) for
   ``--outage`` seconds under traffic, then restored: time from the restore to a carrier up again, intake
@@ -21,6 +21,10 @@ Scenarios (issue 23 items 1 and 3):
   the agent spools, a new gateway on the same ports: time from its spawn to its 'gateway ready' line and to
   the first OK answer after it, OVERLOADED refusals per request answered after the restart, lost, stuck,
   DEADLINE_EXCEEDED.
+- ``carrier_black_hole``: the carrier the agent uses black-holed (both ways) under traffic while what it
+  carried runs at the gateway (an in-process gateway whose backend calls take ``ANSWER_DELAY_S``), until
+  the agent has every answer it was owed on it: how long after the black-hole those answers came, how many
+  were stuck until their deadline, and that the gateway ran nothing twice (item 2).
 - ``gateway_start``: the gateway started ``rounds`` times on an idle machine, spawn to 'gateway ready',
   with its start-up phases; with ``--baseline REV`` the same for the gateway of git revision REV,
   alternating, for a before/after from one run.
@@ -42,6 +46,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -51,7 +56,7 @@ from typing import Any
 from edge_agent.agent import EdgeAgent
 from edge_agent.client import EdgeClient
 from edge_agent.config import AgentConfig, load_config
-from edgewire import pb
+from edgewire import new_id, pb
 
 REPO = Path(__file__).resolve().parent.parent
 MAX_ROUNDS = 10
@@ -568,10 +573,153 @@ async def scenario_gateway_start(env: Env) -> Section:
     return section
 
 
+ANSWER_DELAY_S = 1.0
+"""carrier_black_hole: every backend call takes this long (a slow GPU batch), so that requests are running
+at the gateway when the carrier that brought them fails."""
+
+
+class IdentifiedTraffic(Traffic):
+    """``Traffic`` whose requests carry ids given here: when (monotonic) and how each was answered."""
+
+    def __init__(self, client: EdgeClient, rate: float, deadline_s: float) -> None:
+        super().__init__(client, rate, deadline_s)
+        self.answered_at: dict[bytes, float] = {}
+        self.status: dict[bytes, int] = {}
+
+    def _requests(self, n: int) -> list[pb.InferRequest]:
+        out = super()._requests(n)
+        for request in out:
+            request.request_id = new_id()
+        return out
+
+    async def _call(self, request: pb.InferRequest) -> None:
+        await super()._call(request)
+        self.answered_at[request.request_id] = time.monotonic()
+        self.status[request.request_id] = self.answers[-1].status  # appended by that call, no await since
+
+
+def gateway_total(gw: Any, sample: str) -> float:
+    """The sum of an in-process gateway's samples named ``sample``, over every label value."""
+    return float(
+        sum(s.value for family in gw.metrics.registry.collect() for s in family.samples if s.name == sample)
+    )
+
+
+async def scenario_carrier_black_hole(env: Env) -> Section:
+    """The carrier in use black-holed under traffic while requests it carried run at the gateway (slow
+    backend calls): how long after the black-hole the agent has the answers it was owed (issue 23 item 2)."""
+    from bench.blackhole import BlackHole, unavailable
+    from gateway.testing import FaultInjectingBackend, run_gateway
+
+    section = Section(
+        "carrier_black_hole",
+        f"The carrier in use black-holed under {env.rate:g} req/s, {ANSWER_DELAY_S:g} s backend calls",
+        ["round", "accepted on it, unanswered", "answered after (s): median", "max", "stuck"],
+    )
+    why = unavailable()
+    if why:
+        section.skipped = why
+        return section
+    work = env.scratch("carrier_black_hole")
+    slow = {"type": "fault-injecting", "inner": {"type": "null"}}
+    gw_overrides: dict[str, Any] = {
+        "backends": {"embedded": slow, "gpu": slow},
+        "pools": {
+            "cpu": {"backend": "embedded"},
+            **{p: {"backend": "gpu"} for p in ("gpu-a100-mig", "gpu-a100", "gpu-v100")},
+        },
+        "logging": {"format": "json", "level": "error"},
+    }
+    medians: list[float] = []
+    worst: list[float] = []
+    owed_total = stuck_total = 0
+    async with run_gateway(models_dir=env.models, **gw_overrides) as gw:
+        for backend in gw.backends.values():
+            assert isinstance(backend, FaultInjectingBackend)
+            backend.delay_s = ANSWER_DELAY_S
+        uplink_options = env.args.agent_uplink
+        agent = EdgeAgent(agent_config([gw.endpoint(n) for n in CARRIERS], work / "spool", **uplink_options))
+        await agent.start()
+        try:
+            uplink = agent.uplink
+            assert uplink is not None
+            await wait_until(lambda: uplink.best() is not None, 20)
+            async with EdgeClient(agent.intake_endpoint, service="chaos") as client:
+                traffic = IdentifiedTraffic(client, env.rate, env.deadline_s)
+                traffic.start()
+                for n in range(1, env.rounds + 1):
+                    await asyncio.sleep(2.0)  # traffic flowing, some of it running at the gateway
+                    # The carrier in use: the one holding most of what the gateway accepted, unanswered.
+                    held = Counter(e.carrier for _, e in uplink.outstanding if e.accepted)
+                    victim = uplink.carriers[held.most_common(1)[0][0]] if held else uplink.best()
+                    assert victim is not None
+                    with BlackHole(int(victim.endpoint.rsplit(":", 1)[1])):
+                        holed = time.monotonic()
+                        owed = [r for r, e in uplink.outstanding if e.accepted and e.carrier == victim.name]
+
+                        def owed_answered(ids: tuple[bytes, ...] = tuple(owed)) -> bool:
+                            return all(r in traffic.answered_at for r in ids)
+
+                        with contextlib.suppress(TimeoutError):
+                            await wait_until(
+                                owed_answered,
+                                env.deadline_s + 5,
+                                interval_s=0.01,
+                            )
+                    after = [traffic.answered_at[r] - holed for r in owed if r in traffic.answered_at]
+                    stuck = sum(1 for r in owed if traffic.status.get(r) != pb.STATUS_OK)
+                    await wait_until(lambda: uplink.best() is not None, 60)
+                    owed_total += len(owed)
+                    stuck_total += stuck
+                    if after:
+                        medians.append(statistics.median(after))
+                        worst.append(max(after))
+                    section.rows.append(
+                        [
+                            str(n),
+                            str(len(owed)),
+                            seconds(statistics.median(after) if after else None),
+                            seconds(max(after) if after else None),
+                            str(stuck),
+                        ]
+                    )
+                    section.data.append({"owed": len(owed), "answered_after_s": after, "stuck": stuck})
+                await traffic.finish(env.deadline_s + 5)
+                counts = traffic.counts()
+                not_ok = Counter(
+                    f"{a.status}: {a.message}" for a in traffic.answers if a.status != pb.STATUS_OK
+                )
+                moved = gw.ingest._replies.moved if gw.ingest is not None else 0
+                reasks = uplink.stats.resent["carrier_down"]
+                # Every request the gateway accepted was run once: the re-asks were duplicates.
+                twice = gateway_total(gw, "hkgw_batch_size_sum") - gateway_total(
+                    gw, "hkgw_requests_accepted_total"
+                )
+        finally:
+            await agent.aclose()
+    up = uplink_options
+    section.summary = [
+        f"requests accepted on the black-holed carrier and unanswered at the black-hole: {owed_total} over "
+        f"{env.rounds} rounds, answered {spread(medians)} after it (median per round; worst "
+        f"{max(worst, default=0):.2f} s), {stuck_total} stuck until their deadline (goal 0)",
+        f"the agent re-asked for {reasks}; the gateway sent {moved} answers on another carrier than the one "
+        f"asked on; uplink ping_interval_s {up.get('ping_interval_s', 0.5)}, dead_after_s "
+        f"{up.get('dead_after_s', 2.0)}: the re-ask comes at most dead_after_s + ping_interval_s after the "
+        "last Pong on the lost carrier",
+        f"whole run: {counts['answered']} of {traffic.sent} answered, {counts['ok']} OK, {counts['stuck']} "
+        f"DEADLINE_EXCEEDED, {counts['lost']} lost; the gateway ran {twice:.0f} requests more than it "
+        "accepted (0: none run twice)",
+    ]
+    if not_ok:
+        section.summary.append("not OK: " + ", ".join(f"{k} x{v}" for k, v in not_ok.most_common()))
+    return section
+
+
 SCENARIOS: dict[str, Callable[[Env], Awaitable[Section]]] = {
     "black_hole": scenario_black_hole,
     "gateway_restart": scenario_gateway_restart,
     "gateway_start": scenario_gateway_start,
+    "carrier_black_hole": scenario_carrier_black_hole,
 }
 
 
