@@ -163,6 +163,7 @@ class ReplyRouter:
             if result == SendResult.SENT:
                 if asked_on and carrier_name != asked_on:
                     self.moved += len(responses)
+                    self._metrics.replies_moved.inc(len(responses))
                 return True
             self._metrics.child(self._metrics.replies_undeliverable, result).inc()
             if result == SendResult.UNREACHABLE:

@@ -6,10 +6,11 @@ Every request sent stays *outstanding* until its response arrives or its deadlin
 * unacknowledged: sent in a frame that got no Ack yet. When the frame's carrier dies (no Pong for
   ``dead_after_s``) or the Ack does not come within ``ack_timeout_s``, the request is resent on the best
   other carrier with ``attempt + 1``; the gateway's shared dedupe window makes that safe.
-* accepted: the gateway owns it (the agent's spool may drop it). If the carrier it went on goes silent or
-  is removed, its answer may be lost with it: at the next Pong on a live carrier of the same gateway epoch
-  it is resent there; the gateway acknowledges it as a duplicate and answers it once (from its response
-  cache, if it had answered already). If the gateway's epoch changes (it restarted and lost its in-memory
+* accepted: the gateway owns it (the agent's spool keeps it until it is answered). If the carrier it went
+  on goes silent or is removed, its answer may be lost with it: at the next Pong on a live carrier of the
+  same gateway epoch it is re-asked there, ahead of new requests and outside the send window (the gateway
+  already holds it, so it adds no load); the gateway acknowledges it as a duplicate and answers it once, on
+  the re-ask's carrier (joining it if it still runs, from its response cache if it had answered already). If the gateway's epoch changes (it restarted and lost its in-memory
   work), accepted requests still waiting are resent; these re-executions are counted and bounded by
   ``max_inflight``.
 

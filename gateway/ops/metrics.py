@@ -170,15 +170,7 @@ class GatewayMetrics:
         self.auth_rejected = Counter(
             f"{NS}_auth_rejected", "Agents refused by ZAP, by reason", ["reason"], registry=r
         )
-        self.replies_undeliverable = Counter(
-            f"{NS}_replies_undeliverable",
-            "Reply frames that found no route to their agent, by reason",
-            ["reason"],
-            registry=r,
-        )
-        self.pending_replies = Gauge(
-            f"{NS}_pending_replies", "Responses waiting for their agent to return", registry=r
-        )
+        self._reply_metrics(r)
         self.dedupe_entries = Gauge(f"{NS}_dedupe_entries", "Request ids in the dedupe window", registry=r)
         self.dedupe_evicted = Counter(
             f"{NS}_dedupe_evicted_early",
@@ -258,6 +250,24 @@ class GatewayMetrics:
             self.admin_refused.labels(reason)
         self.capture_active = Gauge(f"{NS}_capture_active", "1 while traffic capture is on", registry=r)
         self._lifecycle_metrics(r)
+
+    def _reply_metrics(self, r: CollectorRegistry) -> None:
+        """The way back to agents: answers that found no route, waited for one, or took another carrier."""
+        self.replies_undeliverable = Counter(
+            f"{NS}_replies_undeliverable",
+            "Reply frames that found no route to their agent, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.pending_replies = Gauge(
+            f"{NS}_pending_replies", "Responses waiting for their agent to return", registry=r
+        )
+        self.replies_moved = Counter(
+            f"{NS}_replies_moved",
+            "Responses sent on another carrier than the one their request was asked on (that route was"
+            " gone or silent past the heartbeat timeout)",
+            registry=r,
+        )
 
     def _lifecycle_metrics(self, r: CollectorRegistry) -> None:
         """Errors of the gateway's own lifecycle: background loops that died, failures while closing."""
