@@ -330,6 +330,8 @@ class Env:
     deadline_s: float
     budget_s: float
     args: argparse.Namespace
+    uplink: dict[str, Any] = field(default_factory=dict)  # the agent's [uplink] overrides
+    label: str = ""  # added to a section's title (the old agent settings)
 
     def scratch(self, name: str) -> Path:
         path = self.work / name
@@ -337,12 +339,18 @@ class Env:
         return path
 
 
-async def wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.005) -> float:
-    """Poll ``predicate`` until true; the monotonic time it became so. TimeoutError past ``timeout_s``."""
+class NotInTime(TimeoutError):
+    """A scenario's wait for a condition ran past its bound (not the scenario's --budget)."""
+
+
+async def wait_until(
+    predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.005, what: str = "a condition"
+) -> float:
+    """Poll ``predicate`` until true; the monotonic time it became so. NotInTime past ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:
-            raise TimeoutError(f"not within {timeout_s} s")
+            raise NotInTime(f"{what}: not within {timeout_s:g} s")
         await asyncio.sleep(interval_s)
     return time.monotonic()
 
@@ -366,7 +374,8 @@ async def scenario_black_hole(env: Env) -> Section:
 
     section = Section(
         "black_hole",
-        f"Every carrier black-holed for {env.args.outage:g} s under {env.rate:g} req/s, then restored",
+        f"Every carrier black-holed for {env.args.outage:g} s under {env.rate:g} req/s ({env.deadline_s:g} s "
+        f"deadlines), then restored{env.label}",
         ["round", "restore -> carrier up (s)", "first carrier up", "its connect attempts retried"],
     )
     why = unavailable()
@@ -377,9 +386,7 @@ async def scenario_black_hole(env: Env) -> Section:
     ports = free_ports(3)
     gateway = GatewayRun(gateway_config(work / "gw.toml", env.models, ports))
     await gateway.start()
-    agent = EdgeAgent(
-        agent_config([f"tcp://127.0.0.1:{p}" for p in ports], work / "spool", **env.args.agent_uplink)
-    )
+    agent = EdgeAgent(agent_config([f"tcp://127.0.0.1:{p}" for p in ports], work / "spool", **env.uplink))
     await agent.start()
     ups: list[float] = []
     try:
@@ -394,10 +401,10 @@ async def scenario_black_hole(env: Env) -> Section:
                 retried = {name: c.events["connect_retried"] for name, c in uplink.carriers.items()}
                 with black_holes(ports):
                     holed = time.monotonic()
-                    await wait_until(lambda: uplink.best() is None, 30)
+                    await wait_until(lambda: uplink.best() is None, 30, what="every carrier dead")
                     await asyncio.sleep(max(0.0, env.args.outage - (time.monotonic() - holed)))
                 restored = time.monotonic()
-                up_at = await wait_until(lambda: uplink.best() is not None, 120)
+                up_at = await wait_until(lambda: uplink.best() is not None, 120, what="a carrier up again")
                 best = uplink.best()
                 ups.append(up_at - restored)
                 attempts = best.events["connect_retried"] - retried.get(best.name, 0) if best else 0
@@ -424,8 +431,8 @@ async def scenario_gateway_restart(env: Env) -> Section:
     """kill -9 of the gateway under traffic, ``--down`` s down, a new one on the same ports (item 3)."""
     section = Section(
         "gateway_restart",
-        f"kill -9 of the gateway under {env.rate:g} req/s, {env.args.down:g} s down, restarted on the same "
-        "ports",
+        f"kill -9 of the gateway under {env.rate:g} req/s ({env.deadline_s:g} s deadlines), "
+        f"{env.args.down:g} s down, restarted on the same ports{env.label}",
         [
             "round",
             "backlog",
@@ -443,9 +450,7 @@ async def scenario_gateway_restart(env: Env) -> Section:
     config = gateway_config(work / "gw.toml", env.models, ports)
     gateway = GatewayRun(config)
     await gateway.start()
-    agent = EdgeAgent(
-        agent_config([f"tcp://127.0.0.1:{p}" for p in ports], work / "spool", **env.args.agent_uplink)
-    )
+    agent = EdgeAgent(agent_config([f"tcp://127.0.0.1:{p}" for p in ports], work / "spool", **env.uplink))
     await agent.start()
     readies: list[float] = []
     first_oks: list[float] = []
@@ -461,7 +466,7 @@ async def scenario_gateway_restart(env: Env) -> Section:
                 await asyncio.sleep(2.0)
                 gateway.kill9()
                 await gateway.stop()
-                await wait_until(lambda: uplink.best() is None, 30)
+                await wait_until(lambda: uplink.best() is None, 30, what="the gateway found gone")
                 await asyncio.sleep(env.args.down)
                 backlog = uplink.inflight
                 refused_before = uplink.stats.nacks["overloaded"] + uplink.stats.resent["retryable_status"]
@@ -573,6 +578,17 @@ async def scenario_gateway_start(env: Env) -> Section:
     return section
 
 
+OLD_AGENT: dict[str, Any] = {
+    "connect_timeout_ms": 600_000,  # none, in effect
+    "tcp_maxrt_ms": 0,
+    "reconnect_ivl_max_ms": 5000,
+    "send_window_initial": 65_536,  # no send window: the whole backlog at once
+    "retry_jitter": 0.0,
+}
+"""The agent's [uplink] before issue 23, for ``--old-agent``: what a scenario measured without its fix."""
+OLD_AGENT_SCENARIOS = ("black_hole", "gateway_restart")
+OLD_LABEL = " (old agent settings: no connect timeout, reconnect up to 5 s, no send window, no retry jitter)"
+
 ANSWER_DELAY_S = 1.0
 """carrier_black_hole: every backend call takes this long (a slow GPU batch), so that requests are running
 at the gateway when the carrier that brought them fails."""
@@ -643,7 +659,7 @@ async def scenario_carrier_black_hole(env: Env) -> Section:
         try:
             uplink = agent.uplink
             assert uplink is not None
-            await wait_until(lambda: uplink.best() is not None, 20)
+            await wait_until(lambda: uplink.best() is not None, 20, what="a carrier up")
             async with EdgeClient(agent.intake_endpoint, service="chaos") as client:
                 traffic = IdentifiedTraffic(client, env.rate, env.deadline_s)
                 traffic.start()
@@ -665,10 +681,11 @@ async def scenario_carrier_black_hole(env: Env) -> Section:
                                 owed_answered,
                                 env.deadline_s + 5,
                                 interval_s=0.01,
+                                what="the answers owed on the black-holed carrier",
                             )
                     after = [traffic.answered_at[r] - holed for r in owed if r in traffic.answered_at]
                     stuck = sum(1 for r in owed if traffic.status.get(r) != pb.STATUS_OK)
-                    await wait_until(lambda: uplink.best() is not None, 60)
+                    await wait_until(lambda: uplink.best() is not None, 60, what="a carrier up again")
                     owed_total += len(owed)
                     stuck_total += stuck
                     if after:
@@ -755,21 +772,25 @@ async def run(args: argparse.Namespace) -> list[Section]:
     with tempfile.TemporaryDirectory(prefix="hkeg-chaos-") as tmp:
         work = Path(tmp)
         write_demo_repository(work / "models")
+        rounds = max(1, min(args.rounds, MAX_ROUNDS))
         env = Env(
-            work,
-            work / "models",
-            max(1, min(args.rounds, MAX_ROUNDS)),
-            args.rate,
-            args.deadline,
-            args.budget,
-            args,
+            work, work / "models", rounds, args.rate, args.deadline, args.budget, args, args.agent_uplink
         )
-        for name in args.scenario or list(SCENARIOS):
-            print(f"chaos: {name} ...", file=sys.stderr, flush=True)
+        old = Env(
+            work, work / "models", rounds, args.rate, args.deadline, args.budget, args, OLD_AGENT, OLD_LABEL
+        )
+        runs = [(name, env) for name in args.scenario or list(SCENARIOS)]
+        if args.old_agent:
+            runs += [(name, old) for name, _ in list(runs) if name in OLD_AGENT_SCENARIOS]
+        for name, run_env in runs:
+            print(f"chaos: {name}{run_env.label} ...", file=sys.stderr, flush=True)
             try:
-                section = await asyncio.wait_for(SCENARIOS[name](env), timeout=args.budget)
+                section = await asyncio.wait_for(SCENARIOS[name](run_env), timeout=args.budget)
+            except NotInTime as exc:
+                section = Section(name, f"{name}{run_env.label}", skipped=f"stopped: {exc}")
             except TimeoutError:
                 section = Section(name, name, skipped=f"did not finish within --budget {args.budget:g} s")
+            section.name = f"{name}-old-agent" if run_env.label else name  # its own part of the docs
             sections.append(section)
             print(section.markdown(), file=sys.stderr, flush=True)
     return sections
@@ -800,6 +821,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="KEY=JSON",
         help="an agent [uplink] override, e.g. send_window_initial=65536 (repeatable)",
     )
+    parser.add_argument(
+        "--old-agent",
+        action="store_true",
+        help="also run black_hole and gateway_restart with the agent's pre-issue-23 [uplink] (OLD_AGENT)",
+    )
     parser.add_argument("--budget", type=float, default=300.0, help="seconds per scenario at most")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--write", action="store_true", help="update docs/BENCHMARKS.md (section chaos)")
@@ -810,7 +836,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.agent_uplink = parse_uplink(args.agent_uplink)
     sections = asyncio.run(run(args))
     if args.json:
-        print(json.dumps({s.name: s.data or s.skipped for s in sections}, indent=2, default=str))
+        print(json.dumps([{s.title: s.data or s.skipped} for s in sections], indent=2, default=str))
     if args.write:
         write(sections, argv)
     return 0
@@ -820,18 +846,24 @@ def write(sections: Sequence[Section], argv: Sequence[str]) -> None:
     from bench.report import machine, stamp, update_section
 
     command = " ".join(["python -m bench.chaos", *argv])
-    body = [
-        "## Recovery from faults (issue 23)",
-        "",
-        f"Command: `{command}` (as root: inside `unshare --net`, loopback only)  ",
-        f"Measured {stamp()} on {machine()}; a real `hk-gateway` process, one edge agent with the production "
-        "uplink defaults, interactive ranking requests with 30 s deadlines through its intake. 'lost': no "
-        "answer at all; 'stuck': answered only when its deadline passed.",
-        "",
-    ]
-    for section in sections:
-        body += [section.markdown(), ""]
-    update_section("chaos", "\n".join(body))
+    update_section(
+        "chaos",
+        "\n".join(
+            [
+                "## Recovery from faults (issue 23)",
+                "",
+                "`bench/chaos.py` (as root it runs itself inside `unshare --net`: loopback only): a real "
+                "`hk-gateway` process, one edge agent with the production uplink defaults unless a section "
+                "says otherwise, interactive ranking requests through its intake. "
+                "'lost': no answer at all; 'stuck': answered only when its deadline passed. Each scenario's "
+                "section is rewritten by a run that includes it.",
+            ]
+        ),
+    )
+    for section in sections:  # one marked section each: a run of some scenarios leaves the others' figures
+        header = f"Command: `{command}`  \nMeasured {stamp()} on {machine()}."
+        body = section.markdown().replace("\n\n", f"\n\n{header}\n\n", 1)
+        update_section(f"chaos-{section.name}", body)
 
 
 if __name__ == "__main__":
