@@ -25,6 +25,7 @@ from edge_agent.parked import ParkedAnswers
 from edge_agent.spool import Spool
 from edge_agent.stats import AgentStats
 from edge_agent.uplink import Uplink
+from edge_agent.uplink.carriers import MONITORED
 from edgewire import labels
 
 NS = "edge"
@@ -180,6 +181,17 @@ class AgentCollector:
             rtt.add_metric([name], carrier.rtt_s)
         yield up
         yield rtt
+        yield from AgentCollector._carrier_events(uplink)
+        window = uplink.window
+        yield _gauge(
+            "send_window", "Requests Hong Kong may hold from this agent now (slow start, AIMD)", window.size
+        )
+        yield _counter("send_window_cuts", "Times an OVERLOADED refusal halved the send window", window.cuts)
+        yield _counter(
+            "send_window_restarts",
+            "Times a gateway restart sent the window back to its start",
+            window.restarts,
+        )
         stats = uplink.stats
         yield _counter("uplink_frames_sent", "Request frames sent to Hong Kong", stats.sent_frames)
         yield _counter(
@@ -221,6 +233,25 @@ class AgentCollector:
             "reason",
             [(reason, stats.bad_frames[reason]) for reason in _known(labels.REJECT)],
         )
+
+    @staticmethod
+    def _carrier_events(uplink: Uplink) -> Iterator[Metric]:
+        """Each carrier's connection life (socket monitor) and liveness changes, every series from start."""
+        events = CounterMetricFamily(
+            f"{NS}_carrier_connection_events",
+            "Socket monitor events of each carrier's connection (connect retried, handshake failed, ...)",
+            labels=["carrier", "event"],
+        )
+        changes = CounterMetricFamily(
+            f"{NS}_carrier_changes", "Carriers going from dead to live and back", labels=["carrier", "change"]
+        )
+        for name, carrier in sorted(uplink.carriers.items()):
+            for event in sorted(set(MONITORED.values())):
+                events.add_metric([name, event], carrier.events[event])
+            changes.add_metric([name, "came_up"], carrier.came_up)
+            changes.add_metric([name, "went_down"], carrier.went_down)
+        yield events
+        yield changes
 
     @staticmethod
     def _discovery(discovery: GatewayDiscovery) -> Iterator[Metric]:

@@ -169,3 +169,32 @@ async def test_a_missing_local_repository_is_said_at_start(tmp_path: Path) -> No
             assert agent.local is None
     warned = [e for e in logs if e["event"].startswith("local tier enabled but its model repository")]
     assert [(e["log_level"], e["repository"]) for e in warned] == [("warning", str(missing))]
+
+
+async def test_carrier_connection_life_and_send_window_are_exported(models_dir: Path, tmp_path: Path) -> None:
+    """Operators see each carrier's socket events and up/down changes (every series from start) and the
+    send window's size, cuts and restarts, not only the agent's memory."""
+    async with EdgeAgent(
+        agent_config(NOWHERE, models_dir, tmp_path / "spool", local={"enabled": False})
+    ) as agent:
+        uplink = agent.uplink
+        assert uplink is not None
+        (carrier,) = uplink.carriers.values()
+        carrier.came_up += 2
+        uplink.window.overloaded(sent_at=1.0, now=2.0)
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in AgentCollector(agent).collect()
+            for s in f.samples
+        }
+    name = carrier.name
+    events = {k[1][1][1] for k in samples if k[0] == "edge_carrier_connection_events_total"}
+    assert events == {"connected", "connect_delayed", "connect_retried", "disconnected"} | {
+        "handshake_succeeded",
+        "handshake_failed",
+    }
+    assert samples["edge_carrier_changes_total", (("carrier", name), ("change", "came_up"))] == 2
+    assert samples["edge_carrier_changes_total", (("carrier", name), ("change", "went_down"))] == 0
+    assert samples["edge_send_window_cuts_total", ()] == 1
+    assert samples["edge_send_window", ()] == uplink.window.size
+    assert samples["edge_send_window_restarts_total", ()] == uplink.window.restarts
