@@ -10,9 +10,9 @@ Every request sent stays *outstanding* until its response arrives or its deadlin
   on goes silent or is removed, its answer may be lost with it: at the next Pong on a live carrier of the
   same gateway epoch it is re-asked there, ahead of new requests and outside the send window (the gateway
   already holds it, so it adds no load); the gateway acknowledges it as a duplicate and answers it once, on
-  the re-ask's carrier (joining it if it still runs, from its response cache if it had answered already). If the gateway's epoch changes (it restarted and lost its in-memory
-  work), accepted requests still waiting are resent; these re-executions are counted and bounded by
-  ``max_inflight``.
+  the re-ask's carrier (joining it if it still runs, from its response cache if it had answered already).
+  If the gateway's epoch changes (it restarted and lost its in-memory work), accepted requests still
+  waiting are resent; these re-executions are counted and bounded by ``max_inflight``.
 
 A response for an id no longer outstanding (already answered, or a second copy after a failover) is
 dropped and counted, so a caller never receives two answers.
