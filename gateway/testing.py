@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
@@ -30,6 +31,7 @@ from inference.backends.base import (
     create,
     register,
 )
+from routing.config import DEFAULT_ROUTING_SECTION
 from service.configfile import merge_tables
 
 
@@ -85,6 +87,26 @@ def _create_fault_injecting(name: str, options: Mapping[str, Any]) -> Backend:
     if not isinstance(inner.get("type"), str):
         raise ValueError("fault-injecting backend needs an 'inner' table with a 'type'")
     return FaultInjectingBackend(name, create(inner.pop("type"), name, inner))
+
+
+def fault_injecting_pools(inner: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
+    """Config overrides: the CPU pool on one fault-injecting wrapper of ``inner`` (``embedded``), every
+    cloud pool on another (``gpu``), the default routing; ``extra`` sections merged on top. Tests then
+    flip faults on ``gateway.backends["embedded" | "gpu"]``."""
+    return {
+        "backends": {
+            "embedded": {"type": "fault-injecting", "inner": dict(inner)},
+            "gpu": {"type": "fault-injecting", "inner": dict(inner)},
+        },
+        "pools": {
+            "cpu": {"backend": "embedded"},
+            "gpu-a100-mig": {"backend": "gpu"},
+            "gpu-a100": {"backend": "gpu"},
+            "gpu-v100": {"backend": "gpu"},
+        },
+        "routing": copy.deepcopy(DEFAULT_ROUTING_SECTION),
+        **extra,
+    }
 
 
 def loopback_overrides(models_dir: Path, **extra: Any) -> dict[str, Any]:

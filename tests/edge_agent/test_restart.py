@@ -4,7 +4,6 @@ once, across a kill -9 of the agent process and across a restart of the calling 
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import os
 import signal
@@ -20,8 +19,7 @@ from edge_agent.client import EdgeClient
 from edge_agent.synthetic import SyntheticTraffic
 from edgewire import new_id, pb
 from gateway.server import Gateway
-from gateway.testing import FaultInjectingBackend, run_gateway, wait_for
-from routing.config import DEFAULT_ROUTING_SECTION
+from gateway.testing import FaultInjectingBackend, fault_injecting_pools, run_gateway, wait_for
 from tests.edge_agent.conftest import NOWHERE, agent_config, spawn_agent
 
 DEADLINE_S = 30.0
@@ -30,20 +28,7 @@ DEADLINE_S = 30.0
 def slow_backends() -> dict[str, Any]:
     """Every pool on fault-injecting wrappers of the null backend (the demo models): a test sets how long
     each call takes, so requests the gateway accepted are still running when the fault comes."""
-    inner = {"type": "null"}
-    return {
-        "backends": {
-            "embedded": {"type": "fault-injecting", "inner": inner},
-            "gpu": {"type": "fault-injecting", "inner": inner},
-        },
-        "pools": {
-            "cpu": {"backend": "embedded"},
-            "gpu-a100-mig": {"backend": "gpu"},
-            "gpu-a100": {"backend": "gpu"},
-            "gpu-v100": {"backend": "gpu"},
-        },
-        "routing": copy.deepcopy(DEFAULT_ROUTING_SECTION),
-    }
+    return fault_injecting_pools({"type": "null"})
 
 
 def slow_down(gw: Gateway, delay_s: float) -> list[FaultInjectingBackend]:

@@ -140,5 +140,5 @@ def test_an_unknown_option_is_refused_naming_every_known_one() -> None:
     """A typo is an error listing what the backend takes, its own ``application`` included."""
     with pytest.raises(ValueError, match="unknown option 'aplication'") as raised:
         create("rayserve", "ray", {"url": "127.0.0.1:9000", "aplication": "hk-models"})
-    assert "'application'" in str(raised.value)
-    assert "'url'" in str(raised.value)
+    known = str(raised.value).partition("known: ")[2].split(", ")
+    assert {"application", "url"} <= set(known)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import copy
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -19,13 +18,13 @@ from gateway.server import Gateway
 from gateway.testing import (
     FaultInjectingBackend,
     WireClient,
+    fault_injecting_pools,
     fresh_requests,
     loopback_overrides,
     run_gateway,
     wait_for,
 )
 from inference.backends.base import InferCall, InferResult
-from routing.config import DEFAULT_ROUTING_SECTION
 from tests.gateway.daemon.test_serving import synthetic
 
 
@@ -37,27 +36,16 @@ def split_backends(
     models_dir: Path, *, queue_depth: int | None = None, concurrency: int | None = None, open_s: float = 0.5
 ) -> dict[str, Any]:
     """CPU pool on one real ONNX backend, every cloud pool on a fault-injecting wrapper of another."""
-    routing = copy.deepcopy(DEFAULT_ROUTING_SECTION)
-    for pool in routing["pools"]:
+    overrides = fault_injecting_pools(
+        {"type": "onnx", "repository": str(models_dir), "threads": 2},
+        breaker={"failure_threshold": 2, "open_s": open_s},
+    )
+    for pool in overrides["routing"]["pools"]:
         if queue_depth is not None:
             pool["max_queue_depth"] = queue_depth
         if concurrency is not None:
             pool["concurrency"] = concurrency
-    inner = {"type": "onnx", "repository": str(models_dir), "threads": 2}
-    return {
-        "backends": {
-            "embedded": {"type": "fault-injecting", "inner": inner},
-            "gpu": {"type": "fault-injecting", "inner": inner},
-        },
-        "pools": {
-            "cpu": {"backend": "embedded"},
-            "gpu-a100-mig": {"backend": "gpu"},
-            "gpu-a100": {"backend": "gpu"},
-            "gpu-v100": {"backend": "gpu"},
-        },
-        "routing": routing,
-        "breaker": {"failure_threshold": 2, "open_s": open_s},
-    }
+    return overrides
 
 
 def backend(gw: Gateway, name: str) -> FaultInjectingBackend:
