@@ -20,9 +20,7 @@ import cProfile
 import json
 import os
 import pstats
-import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,10 +32,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Final
 
+from bench.netns import reexec_in_namespace
 from bench.report import machine, stamp, table, update_section
 
 REPO: Final = Path(__file__).resolve().parent.parent
-INNER: Final = "HKEG_AGENT_CPU_INNER"
 PROFILE_READY_TIMEOUT_S: Final = 10.0
 
 # Where a function's own CPU goes, by the file it is in (first match); functions of no part (builtins,
@@ -333,27 +331,6 @@ def render(
 # ---------------------------------------------------------------------- main
 
 
-def isolated() -> bool:
-    """True inside a network namespace with only loopback."""
-    return {name for _, name in socket.if_nameindex()} <= {"lo"}
-
-
-def reexec_in_namespace(argv: Sequence[str]) -> int | None:
-    """As root outside an isolated namespace: run this script again inside ``unshare --net`` (loopback
-    up) and return its exit code; None when this process should do the runs itself."""
-    if os.environ.get(INNER) or os.geteuid() != 0 or isolated():
-        return None
-    if shutil.which("unshare") is None or shutil.which("ip") is None:
-        return None
-    inner = " ".join(["exec", sys.executable, "-m", "bench.agent_cpu", *(f"'{a}'" for a in argv)])
-    return subprocess.run(
-        ["unshare", "--net", "--", "sh", "-c", f"ip link set lo up && {inner}"],
-        env={**os.environ, INNER: "1"},
-        cwd=REPO,
-        check=False,
-    ).returncode
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--profiled-agent"]:
@@ -367,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-profile", action="store_true", help="skip part 2")
     parser.add_argument("--write", action="store_true", help="replace the section in docs/BENCHMARKS.md")
     args = parser.parse_args(argv)
-    code = reexec_in_namespace(argv)
+    code = reexec_in_namespace("bench.agent_cpu", argv)
     if code is not None:
         return code
     runs = []

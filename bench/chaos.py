@@ -37,7 +37,6 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import statistics
@@ -53,6 +52,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from bench.netns import reexec_in_namespace
 from edge_agent.agent import EdgeAgent
 from edge_agent.client import EdgeClient
 from edge_agent.config import AgentConfig, load_config
@@ -62,7 +62,6 @@ REPO = Path(__file__).resolve().parent.parent
 MAX_ROUNDS = 10
 CARRIERS = ("hgc", "pccw", "tgt")
 NO_ANSWER = "no answer from the edge agent in time"  # EdgeClient's own answer: lost
-INNER = "HKEG_CHAOS_IN_NAMESPACE"
 
 
 # ---------------------------------------------------------------------- what a scenario reports
@@ -743,28 +742,6 @@ SCENARIOS: dict[str, Callable[[Env], Awaitable[Section]]] = {
 # ---------------------------------------------------------------------- running
 
 
-def isolated() -> bool:
-    """True inside a network namespace with only loopback."""
-    return {name for _, name in socket.if_nameindex()} <= {"lo"}
-
-
-def reexec_in_namespace(argv: Sequence[str]) -> int | None:
-    """As root outside an isolated namespace: run this script again inside ``unshare --net`` (loopback
-    up) and return its exit code; None when this process should run the scenarios itself."""
-    if os.environ.get(INNER) or os.geteuid() != 0 or isolated():
-        return None
-    if shutil.which("unshare") is None or shutil.which("ip") is None:
-        return None
-    inner = " ".join(["exec", sys.executable, "-m", "bench.chaos", *(f"'{a}'" for a in argv)])
-    env = {**os.environ, INNER: "1"}
-    return subprocess.run(
-        ["unshare", "--net", "--", "sh", "-c", f"ip link set lo up && {inner}"],
-        env=env,
-        cwd=REPO,
-        check=False,
-    ).returncode
-
-
 async def run(args: argparse.Namespace) -> list[Section]:
     from inference.models.demo import write_demo_repository
 
@@ -830,7 +807,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--write", action="store_true", help="update docs/BENCHMARKS.md (section chaos)")
     args = parser.parse_args(argv)
-    code = reexec_in_namespace(argv)
+    code = reexec_in_namespace("bench.chaos", argv)
     if code is not None:
         return code
     args.agent_uplink = parse_uplink(args.agent_uplink)
