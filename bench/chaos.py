@@ -705,7 +705,7 @@ async def scenario_carrier_black_hole(env: Env) -> Section:
                 not_ok = Counter(
                     f"{a.status}: {a.message}" for a in traffic.answers if a.status != pb.STATUS_OK
                 )
-                moved = gw.ingest._replies.moved if gw.ingest is not None else 0
+                moved = int(gw.metrics.registry.get_sample_value("hkgw_replies_moved_total") or 0)
                 reasks = uplink.stats.resent["carrier_down"]
                 # Every request the gateway accepted was run once: the re-asks were duplicates.
                 twice = gateway_total(gw, "hkgw_batch_size_sum") - gateway_total(

@@ -75,9 +75,6 @@ class ReplyRouter:
         self._outbox: dict[tuple[str, str], list[bytes]] = {}  # (agent, carrier asked on) -> responses
         self._flush_scheduled = False
         self.pending_total = 0
-        # Responses sent on another carrier than the one they were asked on (that route silent, gone or
-        # full): answers that followed the agent off a failed carrier.
-        self.moved = 0
 
     # ------------------------------------------------------------------ who is where
 
@@ -162,7 +159,6 @@ class ReplyRouter:
             result = carrier.send(routing_id, frames)
             if result == SendResult.SENT:
                 if asked_on and carrier_name != asked_on:
-                    self.moved += len(responses)
                     self._metrics.replies_moved.inc(len(responses))
                 return True
             self._metrics.child(self._metrics.replies_undeliverable, result).inc()

@@ -477,14 +477,14 @@ class PoolDispatcher:
             how="singly" if failed.singly else "split",
             exc_info=failed.error,
         )
-        if failed.singly:
-            self._metrics.child(self._metrics.batch_isolations, self.name, failed.stage, "singly").inc()
-            await self._one_by_one(failed.items)
-            return
         pending = [failed]
         while pending:
             again: list[_Failed] = []
             for part in pending:
+                if part.singly:  # a CPU task hung or died: no more splits, one by one
+                    self._metrics.child(self._metrics.batch_isolations, self.name, part.stage, "singly").inc()
+                    await self._one_by_one(part.items)
+                    continue
                 if len(part.items) == 1:
                     self._failed_alone(part)
                     continue
@@ -494,13 +494,7 @@ class PoolDispatcher:
                     live = self._unexpired(half, time.monotonic())
                     outcome = await self._attempt(live, retried=False) if live else None
                     if outcome is not None:
-                        if outcome.singly:  # a half's CPU task hung: no more splits, one by one
-                            self._metrics.child(
-                                self._metrics.batch_isolations, self.name, outcome.stage, "singly"
-                            ).inc()
-                            await self._one_by_one(outcome.items)
-                        else:
-                            again.append(outcome)
+                        again.append(outcome)
             pending = again
 
     async def _one_by_one(self, items: list[WorkItem]) -> None:

@@ -40,16 +40,10 @@ _CONNECTION_EVENTS: dict[int, str] = {
     zmq.EVENT_ACCEPTED: "accepted",
     zmq.EVENT_ACCEPT_FAILED: "accept_failed",
     zmq.EVENT_HANDSHAKE_SUCCEEDED: "handshake_succeeded",
-    zmq.EVENT_DISCONNECTED: "disconnected",
     **dict.fromkeys(_HANDSHAKE_FAILURES, "handshake_failed"),
+    zmq.EVENT_DISCONNECTED: "disconnected",
 }
-CONNECTION_EVENTS: Final = (
-    "accepted",
-    "accept_failed",
-    "handshake_succeeded",
-    "handshake_failed",
-    "disconnected",
-)
+CONNECTION_EVENTS: Final = tuple(dict.fromkeys(_CONNECTION_EVENTS.values()))
 """The ``event`` labels of ``hkgw_carrier_connections_total``. A connection goes accepted -> handshake
 succeeded or failed -> disconnected; accept_failed is one the ROUTER could not take (e.g. out of file
 descriptors). They are what the gateway can know of frames that never arrived: frames an agent drops from
