@@ -148,9 +148,7 @@ class EdgeAgent:
         callers = Callers(self._send_to_caller, cfg.name, cfg.region, self.stats, self._release, parked)
         self.callers = callers
         curve = self._curve or self._load_keys()
-        self.uplink = uplink = Uplink(
-            cfg, codec, self._ctx, self._on_response, self._on_accepted, curve, errors=self.errors
-        )
+        self.uplink = uplink = Uplink(cfg, codec, self._ctx, self._on_response, curve, errors=self.errors)
         uplink.set_endpoints([(c.name, c.endpoint) for c in cfg.carriers])
         uplink.start()
         self.discovery = self._new_discovery()
@@ -330,10 +328,6 @@ class EdgeAgent:
 
     def _send_to_caller(self, frames: list[bytes]) -> bool:
         return self.intake is not None and self.intake.send(frames)
-
-    def _on_accepted(self, ids: list[bytes]) -> None:
-        """The gateway owns these now, but they stay in the spool until answered: a restarted agent asks
-        for them again (the gateway answers from its dedupe window and response cache)."""
 
     def _on_response(self, response: pb.InferResponse) -> None:
         assert self.callers is not None

@@ -33,7 +33,6 @@ from edgewire import FrameCodec, FrameError, labels, new_id, now_unix_us, pb
 log = structlog.get_logger("edge_agent.uplink")
 
 OnResponse = Callable[[pb.InferResponse], None]
-OnAccepted = Callable[[list[bytes]], None]
 MIN_TIMER_WAIT_S = 0.001
 ANSWERED_WINDOW = 80_000
 
@@ -61,8 +60,9 @@ class Uplink:
     """Sends requests to the gateway over the best live carrier and routes the answers back.
 
     Every request taken stays outstanding until ``on_response`` has been called with its answer (from Hong
-    Kong, or made here: deadline passed, refused for good); ``on_accepted`` hears which ids the gateway
-    accepted. See the package docstring for when requests are sent again.
+    Kong, or made here: deadline passed, refused for good). An accepted request stays in the agent's spool
+    until answered, so a restarted agent can ask for it again. See the package docstring for when requests
+    are sent again.
     """
 
     def __init__(
@@ -71,7 +71,6 @@ class Uplink:
         codec: FrameCodec,
         context: zmq.asyncio.Context,
         on_response: OnResponse,
-        on_accepted: OnAccepted,
         curve: tuple[bytes, bytes, bytes] | None = None,
         clock: Callable[[], float] = time.monotonic,
         errors: ErrorCounts | None = None,
@@ -81,7 +80,6 @@ class Uplink:
         self._codec = codec
         self._ctx = context
         self._on_response = on_response
-        self._on_accepted = on_accepted
         self._curve = curve
         self._clock = clock
         self.errors = errors or ErrorCounts()
@@ -426,8 +424,6 @@ class Uplink:
             if entry is not None:
                 entry.accepted = True
                 entry.epoch = carrier.epoch
-        if accepted:
-            self._on_accepted(list(accepted))
         now = self._clock()
         for nack in ack.nacks:
             self.stats.nacks[labels.NACK.get(nack.reason, "other") if nack.reason else "other"] += 1

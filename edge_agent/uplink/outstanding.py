@@ -157,10 +157,6 @@ class OutstandingTable:
     def next_ack_due(self) -> float | None:
         return self._ack_due.next_due()
 
-    @property
-    def unacked_frames(self) -> int:
-        return len(self._frames)
-
     def unaccepted(self, ids: list[bytes]) -> list[bytes]:
         """Those of ``ids`` still outstanding and not accepted by the gateway."""
         out = []
