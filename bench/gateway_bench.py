@@ -111,11 +111,23 @@ def restamp(requests: Sequence[pb.InferRequest], budget_s: float) -> None:
 class Peer:
     """A peer process (the gateway or the echo) and a DEALER connected to it."""
 
-    def __init__(self, name: str, argv: list[str], ready: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        ready: str,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
         self.name = name
         self.http_port = 0
         self.proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})}
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
+            cwd=cwd,
         )
         self.endpoint = self._wait_endpoint(ready)
         self.ctx = zmq.Context()
@@ -413,20 +425,24 @@ kind = "image"
     return "".join(parts)
 
 
-def start_gateway(workdir: Path, backend: str) -> Peer:
+def start_gateway(workdir: Path, backend: str, *, tree: Path | None = None, extra_toml: str = "") -> Peer:
+    """A gateway on this config (``extra_toml`` appended: more pools or models); ``tree``: run the code of
+    that checkout (cwd and PYTHONPATH set to it, e.g. the code before a change) instead of this one's."""
     models = workdir / "models"
     if not models.exists():
         from inference.models.demo import write_demo_repository
 
         write_demo_repository(models)
     config = workdir / f"gateway-{backend}.toml"
-    config.write_text(GATEWAY_TOML.format(backend=backend, models=models, pools=pools_toml()))
+    config.write_text(GATEWAY_TOML.format(backend=backend, models=models, pools=pools_toml()) + extra_toml)
     # The ready line is logged at info; keep info on for it, warnings only would hide it.
     config.write_text(config.read_text().replace('level = "warning"', 'level = "info"'))
     return Peer(
         f"hk-gateway ({backend} backend)",
         [sys.executable, "-m", "gateway", "--config", str(config)],
         ready="stderr",
+        env=None if tree is None else {"PYTHONPATH": str(tree)},
+        cwd=tree,
     )
 
 
