@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from edgewire import pb
+from edgewire.scan import Buffer
 from inference.backends.base import ModelSpec
 from inference.pipeline.arena import Placed, Slot
 
@@ -55,4 +56,16 @@ class Pipeline(Protocol):
         Everything besides the outputs comes from ``prepared`` (``spec``, ``extras``): finish runs where the
         requests are not sent a second time.
         """
+        ...
+
+
+@runtime_checkable
+class PayloadPipeline(Protocol):
+    """A pipeline that can also read its requests' bytes (the frame they came in) instead of the parsed
+    requests' fields, which upb copies out on every access (``TensorPipeline``: a tensor's raw_data)."""
+
+    def prepare_views(
+        self, requests: Sequence[pb.InferRequest], payloads: Sequence[Buffer], spec: ModelSpec
+    ) -> Prepared:
+        """:meth:`Pipeline.prepare`, with ``payloads[i]`` the encoding of ``requests[i]``."""
         ...

@@ -15,8 +15,10 @@ from typing import Any, Final
 import numpy as np
 
 from edgewire import pb
+from edgewire.scan import Buffer
 from inference.backends.base import ModelSpec, TensorSpec
 from inference.pipeline.base import Prepared
+from inference.pipeline.tensor_spans import raw_data_views
 
 
 class InvalidInput(enum.StrEnum):
@@ -92,8 +94,13 @@ def tensor_from_array(name: str, array: np.ndarray) -> pb.Tensor:
     return pb.Tensor(name=name, datatype=datatype, shape=array.shape, raw_data=raw)
 
 
-def array_from_tensor(tensor: pb.Tensor) -> np.ndarray:
-    """A wire Tensor as a numpy array in native byte order; raises :class:`TensorDecodeError`."""
+def array_from_tensor(tensor: pb.Tensor, raw_data: memoryview | None = None) -> np.ndarray:
+    """A wire Tensor as a numpy array in native byte order; raises :class:`TensorDecodeError`.
+
+    ``raw_data``: the tensor's raw_data as a view of the bytes it arrived in (tensor_spans.py), used in its
+    place: a numeric array is then a view of that memory (read-only, no copy) where the byte order is the
+    host's.
+    """
     dtype = DTYPE_BY_DATATYPE.get(tensor.datatype)
     if dtype is None:
         raise TensorDecodeError(f"tensor {tensor.name!r}: datatype {tensor.datatype} is not supported")
@@ -104,15 +111,15 @@ def array_from_tensor(tensor: pb.Tensor) -> np.ndarray:
         raise TensorDecodeError(f"tensor {tensor.name!r}: negative dim in shape {list(shape)}")
     count = math.prod(shape)  # Python ints: a huge shape must not wrap around to a small count
     if dtype.kind == "O":
-        return np.array(decode_bytes(tensor.raw_data, count), dtype=object).reshape(shape)
-    if len(tensor.raw_data) != count * dtype.itemsize:
+        data = tensor.raw_data if raw_data is None else bytes(raw_data)
+        return np.array(decode_bytes(data, count), dtype=object).reshape(shape)
+    buffer: bytes | memoryview = tensor.raw_data if raw_data is None else raw_data
+    if len(buffer) != count * dtype.itemsize:
         raise TensorDecodeError(
-            f"tensor {tensor.name!r}: raw_data is {len(tensor.raw_data)} bytes, shape {list(shape)} of "
+            f"tensor {tensor.name!r}: raw_data is {len(buffer)} bytes, shape {list(shape)} of "
             f"{dtype.name} needs {count * dtype.itemsize}"
         )
-    return (
-        np.frombuffer(tensor.raw_data, dtype=dtype).astype(dtype.newbyteorder("="), copy=False).reshape(shape)
-    )
+    return np.frombuffer(buffer, dtype=dtype).astype(dtype.newbyteorder("="), copy=False).reshape(shape)
 
 
 def encode_bytes(items: Sequence[bytes]) -> bytes:
@@ -159,18 +166,40 @@ class TensorPipeline:
 
     def prepare(self, requests: Sequence[pb.InferRequest], spec: ModelSpec) -> Prepared:
         """Decode, check and stack each request's inputs."""
+        return self._prepare(requests, spec, None)
+
+    def prepare_views(
+        self, requests: Sequence[pb.InferRequest], payloads: Sequence[Buffer], spec: ModelSpec
+    ) -> Prepared:
+        """:meth:`prepare`, reading each input's raw_data in ``payloads[i]``, the bytes ``requests[i]``
+        arrived in (views of the frame), instead of copying it out of the parsed request.
+
+        A batch then costs one copy (each request's rows into the batch array), and a batch of one request
+        none: its inputs are read-only views of its payload, which they keep alive. A payload that does not
+        encode its request (tensor_spans.py) is read from the parsed request, as :meth:`prepare` does; the
+        checks, and the reasons a request is dropped for, are the same.
+        """
+        if len(payloads) != len(requests):
+            raise ValueError(f"{len(payloads)} payloads for {len(requests)} requests")
+        return self._prepare(requests, spec, payloads)
+
+    def _prepare(
+        self, requests: Sequence[pb.InferRequest], spec: ModelSpec, payloads: Sequence[Buffer] | None
+    ) -> Prepared:
         batched = spec.max_batch_size > 0
         columns: dict[str, list[np.ndarray]] = {t.name: [] for t in spec.inputs}
         kept: list[int] = []
         counts: list[int] = []
         rejected: dict[int, tuple[str, str]] = {}
         shapes: dict[str, tuple[int, ...]] = {}
+        viewed = 0  # kept requests whose arrays are views of their payload
         for index, request in enumerate(requests):
             if kept and not batched:
                 rejected[index] = (InvalidInput.RAGGED_BATCH, f"model {spec.name} does not batch")
                 continue
+            views = None if payloads is None else raw_data_views(request, payloads[index])
             try:
-                arrays, rows = _decode_inputs(request, spec, batched)
+                arrays, rows = _decode_inputs(request, spec, batched, views)
             except Rejected as exc:
                 rejected[index] = exc.reason
                 continue
@@ -190,7 +219,11 @@ class TensorPipeline:
                 columns[name].append(array)
             kept.append(index)
             counts.append(rows)
-        inputs = {t.name: _stack(t, columns[t.name], batched) for t in spec.inputs}
+            viewed += views is not None
+        # One request read in place: its views are the batch (an array copied out of a parsed request is
+        # copied once more, as always, so that the batch owns its memory).
+        borrowed = viewed == 1 and len(kept) == 1
+        inputs = {t.name: _stack(t, columns[t.name], batched, borrowed) for t in spec.inputs}
         elements = sum(int(a.size) for a in inputs.values())
         return Prepared(
             inputs=inputs,
@@ -210,15 +243,18 @@ class TensorPipeline:
 
 
 def _decode_inputs(
-    request: pb.InferRequest, spec: ModelSpec, batched: bool
+    request: pb.InferRequest, spec: ModelSpec, batched: bool, views: Sequence[memoryview] | None
 ) -> tuple[dict[str, np.ndarray], int]:
-    by_name = {t.name: t for t in request.inputs}
+    """The request's arrays by input name and its rows; ``views[i]``: raw_data of ``request.inputs[i]``."""
+    inputs = request.inputs
+    by_name = {t.name: (t, None if views is None else views[i]) for i, t in enumerate(inputs)}
     arrays: dict[str, np.ndarray] = {}
     rows: set[int] = set()
     for want in spec.inputs:
-        tensor = by_name.get(want.name)
-        if tensor is None:
+        found = by_name.get(want.name)
+        if found is None:
             raise Rejected(InvalidInput.MISSING_INPUT, f"input {want.name!r} missing")
+        tensor, raw_data = found
         rank = len(want.dims) + batched
         if len(tensor.shape) != rank:  # before decoding: numpy refuses some shapes (over 64 dims) outright
             raise Rejected(
@@ -233,7 +269,7 @@ def _decode_inputs(
                 f"input {want.name!r}: dtype {wire} where the model takes {want.dtype}",
             )
         try:
-            array = array_from_tensor(tensor)
+            array = array_from_tensor(tensor, raw_data)
         except TensorDecodeError as exc:
             raise Rejected(InvalidInput.BAD_TENSOR, str(exc)) from None
         problem = _shape_problem(array, want, batched)
@@ -257,8 +293,9 @@ def _shape_problem(array: np.ndarray, want: TensorSpec, batched: bool) -> str:
     return ""
 
 
-def _stack(spec: TensorSpec, arrays: list[np.ndarray], batched: bool) -> np.ndarray:
+def _stack(spec: TensorSpec, arrays: list[np.ndarray], batched: bool, borrowed: bool) -> np.ndarray:
+    """The batch's array of one input; ``borrowed``: the one request's array itself, not a copy."""
     if not arrays:
         return np.zeros((0, *(max(d, 0) for d in spec.dims)), dtype=spec.dtype)
-    stacked = np.concatenate(arrays, axis=0)
+    stacked = arrays[0] if borrowed else np.concatenate(arrays, axis=0)
     return stacked if batched else stacked[0]

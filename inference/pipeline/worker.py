@@ -15,9 +15,10 @@ from typing import cast
 import numpy as np
 
 from edgewire import pb
+from edgewire.scan import Buffer
 from inference.backends.base import ModelSpec
 from inference.pipeline.arena import Slot, payloads_in, place
-from inference.pipeline.base import Prepared
+from inference.pipeline.base import PayloadPipeline, Prepared
 from inference.pipeline.registry import pipeline_for
 
 
@@ -39,7 +40,7 @@ def prepare_batch(
     )
     # upb parses any buffer without a copy (the arena's views included); the stubs only admit bytes.
     requests = [pb.InferRequest.FromString(cast(bytes, p)) for p in sources]
-    prepared = prepare_requests(pipeline, spec, requests)
+    prepared = prepare_requests(pipeline, spec, requests, sources)
     if slot is not None and prepared.inputs:
         placed = place(slot, prepared.inputs, start=sum(lengths))
         if placed is not None:
@@ -48,10 +49,23 @@ def prepare_batch(
     return prepared
 
 
-def prepare_requests(pipeline: str, spec: ModelSpec, requests: Sequence[pb.InferRequest]) -> Prepared:
+def prepare_requests(
+    pipeline: str,
+    spec: ModelSpec,
+    requests: Sequence[pb.InferRequest],
+    payloads: Sequence[Buffer] | None = None,
+) -> Prepared:
     """The batch's input tensors from requests already parsed (the gateway's own, on its event loop or a
-    local thread: nothing to serialize and parse again)."""
-    prepared = pipeline_for(pipeline).prepare(requests, spec)
+    local thread: nothing to serialize and parse again).
+
+    ``payloads``: the requests' own bytes (views of the frame they came in, or of an arena slot), for the
+    pipelines that read tensors there in place (:class:`~inference.pipeline.base.PayloadPipeline`).
+    """
+    chosen = pipeline_for(pipeline)
+    if payloads is not None and isinstance(chosen, PayloadPipeline):
+        prepared = chosen.prepare_views(requests, payloads, spec)
+    else:
+        prepared = chosen.prepare(requests, spec)
     prepared.spec = spec
     return prepared
 
