@@ -12,11 +12,18 @@ give None, and the caller decodes the parsed request as before.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, NamedTuple
 
 from edgewire import pb
-from edgewire.scan import Buffer, WireScanError, WireType, as_int64, fields, packed_varints
+from edgewire.scan import (
+    Buffer,
+    WireScanError,
+    WireType,
+    as_bytes_view,
+    as_int64,
+    field_spans,
+    packed_varints,
+)
 
 _REQUEST: Final = pb.InferRequest.DESCRIPTOR.fields_by_name
 _TENSOR: Final = pb.Tensor.DESCRIPTOR.fields_by_name
@@ -27,59 +34,60 @@ _DATATYPE: Final = _TENSOR["datatype"].number
 _SHAPE: Final = _TENSOR["shape"].number
 _RAW_DATA: Final = _TENSOR["raw_data"].number
 _EMPTY: Final = memoryview(b"")
+_VARINT: Final = int(WireType.VARINT)  # plain ints: an IntEnum member is slow to look up on Python 3.11
+_LEN: Final = int(WireType.LEN)
+_U64: Final = 1 << 64
+_I64_SIGN: Final = 1 << 63
 
 
-@dataclass(slots=True)
-class WireTensor:
-    """One input tensor as its encoding says: name, datatype, shape, and a view of its raw_data."""
+class WireTensor(NamedTuple):
+    """One input tensor as its encoding says: name, datatype, shape, and a read-only view of its raw_data."""
 
-    name: bytes = b""
-    datatype: int = 0
-    shape: list[int] = field(default_factory=list)
-    raw_data: memoryview = _EMPTY
-
-
-def _as_int32(value: int) -> int:
-    """A varint as an int32 field (an enum) keeps it: its low 32 bits, two's complement."""
-    low = value & 0xFFFFFFFF
-    return low - (1 << 32) if low >= 1 << 31 else low
+    name: bytes
+    datatype: int
+    shape: list[int]
+    raw_data: memoryview
 
 
-def scan_tensor(data: Buffer) -> WireTensor:
-    """The fields of one encoded ``Tensor``; raises :class:`~edgewire.scan.WireScanError`."""
-    tensor = WireTensor()
-    for item in fields(data):
-        number, kind = item.number, item.wire_type
-        if number == _RAW_DATA and kind == WireType.LEN:
-            tensor.raw_data = item.data
-        elif number == _SHAPE and kind == WireType.LEN:
-            tensor.shape.extend(as_int64(v) for v in packed_varints(item.data))
-        elif number == _SHAPE and kind == WireType.VARINT:
-            tensor.shape.append(as_int64(item.value))
-        elif number == _DATATYPE and kind == WireType.VARINT:
-            tensor.datatype = _as_int32(item.value)
-        elif number == _NAME and kind == WireType.LEN:
-            tensor.name = bytes(item.data)
-    return tensor
+def scan_tensor(data: memoryview) -> WireTensor:
+    """The fields of one encoded ``Tensor`` (a flat byte view); raises ``WireScanError``."""
+    name = b""
+    datatype = 0
+    shape: list[int] = []
+    raw_data = _EMPTY
+    for number, kind, value, start, stop in field_spans(data):
+        if number == _RAW_DATA and kind == _LEN:
+            raw_data = data[start:stop]
+        elif number == _SHAPE and kind == _LEN:
+            shape += [v - _U64 if v >= _I64_SIGN else v for v in packed_varints(data[start:stop])]
+        elif number == _SHAPE and kind == _VARINT:
+            shape.append(as_int64(value))
+        elif number == _DATATYPE and kind == _VARINT:
+            low = value & 0xFFFFFFFF  # an enum is an int32: the varint's low 32 bits, two's complement
+            datatype = low - (1 << 32) if low >= 1 << 31 else low
+        elif number == _NAME and kind == _LEN:
+            name = bytes(data[start:stop])
+    return WireTensor(name, datatype, shape, raw_data.toreadonly())
 
 
 def scan_request(raw: Buffer) -> tuple[bytes, list[WireTensor]]:
     """The request id and the input tensors of one encoded ``InferRequest``; raises ``WireScanError``."""
-    request_id: memoryview = _EMPTY
+    view = as_bytes_view(raw)
+    request_id = b""
     inputs: list[WireTensor] = []
-    for item in fields(raw):
-        if item.wire_type != WireType.LEN:
+    for number, kind, _, start, stop in field_spans(view):
+        if kind != _LEN:
             continue
-        if item.number == _INPUTS:
-            inputs.append(scan_tensor(item.data))
-        elif item.number == _REQUEST_ID:
-            request_id = item.data
-    return bytes(request_id), inputs
+        if number == _INPUTS:
+            inputs.append(scan_tensor(view[start:stop]))
+        elif number == _REQUEST_ID:
+            request_id = bytes(view[start:stop])
+    return request_id, inputs
 
 
-def raw_data_views(request: pb.InferRequest, raw: Buffer) -> list[memoryview] | None:
-    """``request.inputs[i].raw_data`` for each i, as read-only views of ``raw`` (the request's encoding),
-    or None when ``raw`` is malformed or does not encode ``request``."""
+def wire_inputs(request: pb.InferRequest, raw: Buffer) -> list[WireTensor] | None:
+    """``request.inputs`` as read off ``raw`` (the request's encoding), their raw_data read-only views of
+    it; None when ``raw`` is malformed or does not encode ``request``."""
     try:
         request_id, scanned = scan_request(raw)
     except WireScanError:
@@ -94,4 +102,11 @@ def raw_data_views(request: pb.InferRequest, raw: Buffer) -> list[memoryview] | 
             or wire.shape != list(tensor.shape)
         ):
             return None
-    return [wire.raw_data.toreadonly() for wire in scanned]
+    return scanned
+
+
+def raw_data_views(request: pb.InferRequest, raw: Buffer) -> list[memoryview] | None:
+    """``request.inputs[i].raw_data`` for each i, as read-only views of ``raw`` (the request's encoding),
+    or None when ``raw`` is malformed or does not encode ``request``."""
+    wires = wire_inputs(request, raw)
+    return None if wires is None else [wire.raw_data for wire in wires]
