@@ -229,6 +229,27 @@ class CaptureConfig(_Section):
     redact_key_file: str | None = None  # >= 16 bytes; without one a random key per process
 
 
+class BudgetConfig(_Section):
+    """Each agent's cost budget at ingest (gateway/ingress/budget.py): two token buckets per agent, one
+    over the bytes its frames decompress to, one over the event loop's time spent decoding them. A frame
+    the budget does not cover is refused before decompression, ``over_budget`` with a retry-after.
+
+    The defaults never refuse an honest agent at production rates: frames of 100 requests at 20k
+    records/s of the synthetic mix decompress to about 45 MB/s and take about 0.1 s/s to decode
+    (docs/GATEWAY.md section 5). A flood of 32 MiB decompression bombs gets one frame every 16 s.
+    """
+
+    enabled: bool = True
+    bytes_per_s: int = Field(default=64 << 20, ge=1)  # decompressed bytes per second, per agent
+    burst_bytes: int = Field(default=64 << 20, ge=1)  # bucket size; a new agent starts full
+    # A zstd frame decompressing to more costs size x size / large_frame_bytes: at least the agents'
+    # batching.max_bytes (1 MiB), so that only frames no agent sends pay more than their size.
+    large_frame_bytes: int = Field(default=1 << 20, ge=1)
+    decode_s_per_s: float = Field(default=0.5, gt=0)  # event-loop seconds per second, per agent
+    burst_decode_s: float = Field(default=0.5, gt=0)
+    max_agents: int = Field(default=4096, ge=1)  # agents tracked; the least recently seen go first
+
+
 class ModelPipelineConfig(_Section):
     """A model's CPU-stage pipeline declared on the gateway, over what its backend's model config says.
 
@@ -288,6 +309,7 @@ class GatewayConfig(_Section):
     cpu: CpuConfig = CpuConfig()
     logging: LoggingConfig = LoggingConfig()
     capture: CaptureConfig = CaptureConfig()
+    budget: BudgetConfig = BudgetConfig()
     drain_timeout_s: float = Field(default=20.0, gt=0)
     # After health turns DRAINING, keep serving what is queued for this long before handing the rest
     # back, so GeoDNS and BGP health checkers see DRAINING (and move traffic) before the listener goes.

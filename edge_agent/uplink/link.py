@@ -22,6 +22,7 @@ from edge_agent.uplink.outstanding import OutstandingTable, SentFrame
 from edge_agent.uplink.pacing import SendWindow
 from edge_agent.uplink.refusals import (
     FINAL_NACK_STATUS,
+    OVER_BUDGET_WAIT_MS,
     RETRYABLE_NACKS,
     RejectAction,
     nack_resend_reason,
@@ -54,6 +55,7 @@ class UplinkStats:
     nacks: Counter[str] = field(default_factory=Counter)  # requests the gateway refused, by reason
     bad_frames: Counter[str] = field(default_factory=Counter)  # frames from Hong Kong not decoded, by reason
     window_full: int = 0  # times requests were queued and the send window had no room for them
+    over_budget_holds: int = 0  # over_budget refusals: each held new frames to that gateway back a while
 
 
 class Uplink:
@@ -95,6 +97,8 @@ class Uplink:
         self._timers_changed = asyncio.Event()  # the watchdog: a timer earlier than it sleeps until
         self._watch_until = 0.0
         self._lost_paths: dict[str, float] = {}  # carrier gone silent or removed -> when found so
+        # Gateway epoch -> no request frame to that gateway before this (it said the agent is over budget).
+        self._held_until: dict[int, float] = {}
         self._tasks: list[asyncio.Task[None]] = []
         # Records per frame: the config's bound, lowered by the gateway's Pong limits and halved after a
         # frame_too_large refusal, so an oversized batch is split instead of resent unchanged.
@@ -201,8 +205,8 @@ class Uplink:
                 continue
             if len(self._queue) < self.max_records and linger:
                 await asyncio.sleep(linger)  # linger: let the batch fill for at most linger_ms
-            carrier = self.best()
-            wait_s: float | None = self._up.ping_interval_s
+            carrier, held_s = self._unheld(self.best(), self._clock())
+            wait_s: float | None = held_s or self._up.ping_interval_s
             if carrier is not None:
                 try:
                     wait_s = self._send_some(carrier)
@@ -217,6 +221,21 @@ class Uplink:
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=max(0.001, wait_s))
+
+    def _unheld(self, best: Carrier | None, now: float) -> tuple[Carrier | None, float]:
+        """The carrier for the next request frame: ``best``, unless its gateway holds this agent back (over
+        budget); then the best live carrier to another gateway, or none and the seconds until a hold ends."""
+        if best is None or not self._held_until:
+            return best, 0.0
+        for epoch in [e for e, until in self._held_until.items() if until <= now]:
+            del self._held_until[epoch]
+        if best.epoch not in self._held_until:
+            return best, 0.0
+        free = (c for c in self.carriers.values() if c.epoch not in self._held_until)
+        other = best_carrier(free, now, self._up.dead_after_s)
+        if other is not None:
+            return other, 0.0
+        return None, max(MIN_TIMER_WAIT_S, min(self._held_until.values()) - now)
 
     def _send_some(self, carrier: Carrier) -> float | None:
         """Send one frame; None when it went out, else how long to wait before trying again."""
@@ -416,7 +435,7 @@ class Uplink:
     def _on_ack(self, carrier: Carrier, ack: pb.Ack) -> None:
         frame = self.outstanding.acked(ack.acked_message_id)
         if ack.frame_reject:
-            self._on_frame_rejected(ack, frame.ids if frame else [])
+            self._on_frame_rejected(carrier, ack, frame)
             return
         accepted = [*ack.accepted_ids, *ack.duplicate_ids]
         for rid in accepted:
@@ -444,10 +463,13 @@ class Uplink:
                     )
                 )
 
-    def _on_frame_rejected(self, ack: pb.Ack, ids: list[bytes]) -> None:
+    def _on_frame_rejected(self, carrier: Carrier, ack: pb.Ack, frame: SentFrame | None) -> None:
         self.stats.frames_rejected[labels.REJECT.get(ack.frame_reject, "other")] += 1
+        ids = frame.ids if frame else []
         action = reject_action(ack.frame_reject)
-        if action is RejectAction.RESEND:
+        if action is RejectAction.WAIT:
+            self._over_budget(carrier, ack, frame)
+        elif action is RejectAction.RESEND:
             self.dictionaries.refused()  # resend without one; the next Pong says what the gateway decodes
             self._resend(ids, "frame_rejected")
         elif action is RejectAction.SPLIT and len(ids) != 1:
@@ -459,6 +481,22 @@ class Uplink:
             )
         else:
             self._fail_ids(ids, pb.STATUS_INTERNAL, f"gateway refused the frame: {ack.frame_reject_detail}")
+
+    def _over_budget(self, carrier: Carrier, ack: pb.Ack, frame: SentFrame | None) -> None:
+        """The gateway refused a frame before decoding it: this agent is over its cost budget there. Hold
+        every request frame to that gateway back for the retry-after (frames already on their way are
+        refused likewise and only extend it), send the refused requests again after it (not failed), and
+        halve the send window as for OVERLOADED, so that the agent settles under its budget instead of
+        meeting it again with the whole queue."""
+        now = self._clock()
+        wait_ms = ack.frame_retry_after_ms or OVER_BUDGET_WAIT_MS
+        until = now + wait_ms / 1000
+        if until > self._held_until.get(carrier.epoch, 0.0):
+            self._held_until[carrier.epoch] = until
+        self.stats.over_budget_holds += 1
+        if frame is not None:
+            self.window.overloaded(frame.sent_at, now)
+            self._resend(frame.ids, "over_budget", not_before=self._retry_at(now, wait_ms))
 
     def _on_gateway_response(self, response: pb.InferResponse) -> None:
         entry = self.outstanding.get(response.request_id)

@@ -21,6 +21,9 @@ RESENDABLE_REJECTS: Final = frozenset(
         pb.REJECT_REASON_TOO_MANY_RECORDS,
     }
 )
+OVER_BUDGET_WAIT_MS: Final = 500
+"""The wait after an ``over_budget`` refusal that names none (a gateway's ``frame_retry_after_ms`` is 0): its
+default retry-after for other refusals."""
 
 
 class RejectAction(enum.Enum):
@@ -28,6 +31,7 @@ class RejectAction(enum.Enum):
 
     RESEND = "resend"  # as they are (the dictionary is dropped first)
     SPLIT = "split"  # in frames of half as many records; a frame of one can never pass: failed
+    WAIT = "wait"  # over this agent's budget there: resent, and no frame to that gateway, after the wait
     FAIL = "fail"  # misconfiguration (version, agent id): each answered INTERNAL
 
 
@@ -36,6 +40,8 @@ def reject_action(reason: int) -> RejectAction:
         return RejectAction.RESEND
     if reason in RESENDABLE_REJECTS:
         return RejectAction.SPLIT
+    if reason == pb.REJECT_REASON_OVER_BUDGET:
+        return RejectAction.WAIT
     return RejectAction.FAIL
 
 

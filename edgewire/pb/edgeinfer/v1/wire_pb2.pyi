@@ -310,6 +310,8 @@ class _RejectReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RejectRe
     """a valid kind that this side does not accept"""
     REJECT_REASON_RECORD_INVALID: _RejectReason.ValueType  # 19
     """a record breaks a per-record rule (e.g. request_id not 16 bytes)"""
+    REJECT_REASON_OVER_BUDGET: _RejectReason.ValueType  # 20
+    """the agent's cost budget does not cover the frame (retry after)"""
 
 class RejectReason(_RejectReason, metaclass=_RejectReasonEnumTypeWrapper):
     """---------------------------------------------------------------- acknowledgement
@@ -344,6 +346,8 @@ REJECT_REASON_UNEXPECTED_KIND: RejectReason.ValueType  # 18
 """a valid kind that this side does not accept"""
 REJECT_REASON_RECORD_INVALID: RejectReason.ValueType  # 19
 """a record breaks a per-record rule (e.g. request_id not 16 bytes)"""
+REJECT_REASON_OVER_BUDGET: RejectReason.ValueType  # 20
+"""the agent's cost budget does not cover the frame (retry after)"""
 Global___RejectReason: _TypeAlias = RejectReason  # noqa: Y015
 
 class _NackReason:
@@ -842,10 +846,13 @@ class Ack(_message.Message):
     NACKS_FIELD_NUMBER: _builtins.int
     FRAME_REJECT_FIELD_NUMBER: _builtins.int
     FRAME_REJECT_DETAIL_FIELD_NUMBER: _builtins.int
+    FRAME_RETRY_AFTER_MS_FIELD_NUMBER: _builtins.int
     acked_message_id: _builtins.bytes
     frame_reject: Global___RejectReason.ValueType
     """set when the whole frame was refused"""
     frame_reject_detail: _builtins.str
+    frame_retry_after_ms: _builtins.int
+    """with frame_reject OVER_BUDGET: send no frame to this gateway before"""
     @_builtins.property
     def accepted_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]: ...
     @_builtins.property
@@ -863,10 +870,11 @@ class Ack(_message.Message):
         nacks: _abc.Iterable[Global___Nack] | None = ...,
         frame_reject: Global___RejectReason.ValueType = ...,
         frame_reject_detail: _builtins.str = ...,
+        frame_retry_after_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted_ids", b"accepted_ids", "acked_message_id", b"acked_message_id", "duplicate_ids", b"duplicate_ids", "frame_reject", b"frame_reject", "frame_reject_detail", b"frame_reject_detail", "nacks", b"nacks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted_ids", b"accepted_ids", "acked_message_id", b"acked_message_id", "duplicate_ids", b"duplicate_ids", "frame_reject", b"frame_reject", "frame_reject_detail", b"frame_reject_detail", "frame_retry_after_ms", b"frame_retry_after_ms", "nacks", b"nacks"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

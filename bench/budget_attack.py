@@ -1,0 +1,352 @@
+"""One agent's decompression-bomb flood against another agent's latency, with the cost budget on and off.
+
+    python -m bench.budget_attack [--seconds 8] [--rate 200] [--declared-mib 32] [--write]
+
+A gateway (its own process, null backend, loopback only) serves a *victim*: one realtime request per
+frame at ``--rate``/s, open loop, each latency measured from the request's scheduled send time (a stall
+is not hidden by coordinated omission). Its p50/p99 are measured unattacked, then while an *attacker*
+(another process, its own connection and agent id) sends as fast as its socket takes them frames of
+~1 KB of zstd that honestly declare ``--declared-mib`` MiB of zeros: every codec limit is kept, and each
+frame that is decompressed costs the event loop tens of milliseconds. Both with ``[budget]`` at its
+defaults and with ``enabled = false``, each on a fresh gateway. Bounded: ``--seconds`` per phase, the
+attacker stops after ``--max-frames`` or when told, answers are waited for at most 10 s; a victim request
+still unanswered then counts as infinitely late (its p99 reads ``> 10 s``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+from multiprocessing.sharedctypes import Synchronized
+from multiprocessing.synchronize import Event
+from pathlib import Path
+
+import zmq
+import zstandard as zstd
+
+from bench.gateway_bench import GATEWAY_TOML, TICKS, Peer, Tracker, drain, pools_toml, restamp, workload
+from bench.netns import reexec_in_namespace
+from bench.report import machine, stamp, table, update_section
+from edgewire import FrameCodec, new_id, now_unix_us, pb
+
+WAIT_S = 10.0  # the longest a victim request is waited for after the phase
+
+
+@dataclass
+class Phase:
+    budget: str
+    attack: str  # none, N/s or full rate
+    victim_sent: int
+    victim_answered: int
+    p50_ms: float
+    p99_ms: float
+    attack_frames: int  # sent by the attacker in the phase
+    attack_decompressed: int  # of them, refused only after decompression (payload_invalid)
+    attack_refused: int  # over_budget, before decompression
+    loop_cpu: float  # the gateway's event-loop thread: CPU seconds per second of the phase
+    machine_busy: float  # share of all this machine's cores busy in the phase (everything on it)
+
+
+def bomb_body(declared: int) -> bytes:
+    return zstd.ZstdCompressor(level=3, write_content_size=True).compress(bytes(declared))
+
+
+def attacker(
+    endpoint: str, declared: int, rate: float, max_frames: int, stop: Event, sent: Synchronized[int]
+) -> None:
+    """Send bombs on a DEALER at ``rate``/s (0: as fast as it takes them, blocking at its high-water mark),
+    reading and dropping whatever comes back, until ``stop`` or ``max_frames``."""
+    body = bomb_body(declared)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDTIMEO, 100)
+    sock.connect(endpoint)
+    envelope = pb.Envelope(
+        schema_version=1,
+        agent_id="attacker",
+        region="us-west",
+        kind=pb.MESSAGE_KIND_REQUEST_BATCH,
+        codec=pb.CODEC_ZSTD,
+        uncompressed_length=declared,
+    )
+    n = 0
+    start = time.perf_counter()
+    try:
+        while n < max_frames and not stop.is_set():
+            if rate and (ahead := start + n / rate - time.perf_counter()) > 0:
+                time.sleep(ahead)
+            envelope.message_id = new_id()
+            envelope.sent_at_unix_us = now_unix_us()
+            try:
+                sock.send_multipart([envelope.SerializeToString(), body], copy=False)
+            except zmq.Again:
+                continue
+            n += 1
+            if n % 64 == 0:
+                sent.value = n
+                while sock.poll(0):
+                    sock.recv_multipart()
+    finally:
+        sent.value = n
+        sock.close(0)
+        ctx.term()
+
+
+def start_gateway(workdir: Path, budget_enabled: bool) -> Peer:
+    """A gateway with the null backend and the bench pools (bench/gateway_bench.py's), one carrier."""
+    models = workdir / "models"
+    if not models.exists():
+        from inference.models.demo import write_demo_repository
+
+        write_demo_repository(models)
+    toml = GATEWAY_TOML.format(backend="null", models=models, pools=pools_toml())
+    toml = toml.replace('level = "warning"', 'level = "info"')  # the ready line is logged at info
+    toml += f"\n[budget]\nenabled = {'true' if budget_enabled else 'false'}\n"
+    config = workdir / f"gateway-budget-{budget_enabled}.toml"
+    config.write_text(toml)
+    return Peer(
+        f"hk-gateway (budget {'on' if budget_enabled else 'off'})",
+        [sys.executable, "-m", "gateway", "--config", str(config)],
+        ready="stderr",
+    )
+
+
+def loop_cpu_s(pid: int) -> float:
+    """CPU seconds of a process's main thread (the gateway's event loop), from /proc."""
+    stat = Path(f"/proc/{pid}/task/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def machine_ticks() -> tuple[int, int]:
+    """(busy, total) clock ticks of all cores since boot, from /proc/stat."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = values[3] + values[4]  # idle + iowait
+    return sum(values) - idle, sum(values)
+
+
+def rejected(peer: Peer) -> dict[str, float]:
+    """hkgw_frames_rejected_total by reason, from the gateway's /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{peer.http_port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("hkgw_frames_rejected_total{"):
+            reason = line.split('reason="', 1)[1].split('"', 1)[0]
+            out[reason] = out.get(reason, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def victim_phase(
+    peer: Peer, requests: list[pb.InferRequest], rate: float, seconds: float
+) -> tuple[int, list[float]]:
+    """Open loop on the victim's DEALER; (requests sent, latencies in seconds, inf for unanswered)."""
+    tracker = Tracker(FrameCodec(), is_gateway=True)
+    poller = zmq.Poller()
+    poller.register(peer.sock, zmq.POLLIN)
+    codec = tracker.codec
+    total = int(rate * seconds)
+    start = time.perf_counter()
+    for i in range(total):
+        scheduled = start + i / rate
+        while (now := time.perf_counter()) < scheduled:
+            if poller.poll(max(0, int((scheduled - now) * 1000))):
+                drain(peer, tracker)
+        request = requests[i % len(requests)]
+        request.priority = pb.PRIORITY_CLASS_REALTIME
+        restamp([request], 30.0)
+        frames = codec.encode(
+            pb.RequestBatch(requests=[request]),
+            agent_id="victim",
+            region="us-west",
+            priority=pb.PRIORITY_CLASS_REALTIME,
+        )
+        tracker.sent(frames, [request], scheduled)
+        peer.sock.send_multipart(frames, copy=False)
+    deadline = time.perf_counter() + WAIT_S
+    while tracker.in_flight and time.perf_counter() < deadline:
+        if poller.poll(100):
+            drain(peer, tracker)
+    return total, tracker.latencies + [math.inf] * len(tracker.sent_at)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (nearest rank), infinite values included: an unanswered request is the latest."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def run_pair(
+    work: Path, budget_enabled: bool, attack_rate: float, args: argparse.Namespace
+) -> tuple[Phase, Phase]:
+    """On a fresh gateway: the victim unattacked, then attacked at ``attack_rate`` (0: full rate)."""
+    requests = workload(500, seed=5)
+    peer = start_gateway(work, budget_enabled)
+    phases = []
+    try:
+        label = "defaults" if budget_enabled else "off"
+        for attack in ("none", "full rate" if not attack_rate else f"{attack_rate:g}/s"):
+            stop = mp.Event()
+            sent: Synchronized[int] = mp.Value("l", 0)
+            before = rejected(peer)
+            proc = None
+            if attack != "none":
+                proc = mp.Process(
+                    target=attacker,
+                    args=(peer.endpoint, args.declared_mib << 20, attack_rate, args.max_frames, stop, sent),
+                    daemon=True,
+                )
+                proc.start()
+                time.sleep(1.0)  # the flood under way (and the burst spent) before the victim is measured
+            cpu_before, ticks_before, started = (
+                loop_cpu_s(peer.proc.pid),
+                machine_ticks(),
+                time.perf_counter(),
+            )
+            total, lat = victim_phase(peer, requests, args.rate, args.seconds)
+            elapsed = time.perf_counter() - started
+            loop_cpu = (loop_cpu_s(peer.proc.pid) - cpu_before) / elapsed
+            ticks_after = machine_ticks()
+            busy = (ticks_after[0] - ticks_before[0]) / max(1, ticks_after[1] - ticks_before[1])
+            stop.set()
+            if proc is not None:
+                proc.join(10)
+                if proc.is_alive():
+                    proc.kill()
+            after = rejected(peer)
+            ms = [x * 1000 for x in lat]
+            phases.append(
+                Phase(
+                    label,
+                    attack,
+                    total,
+                    sum(math.isfinite(x) for x in ms),
+                    percentile(ms, 50),
+                    percentile(ms, 99),
+                    sent.value,
+                    int(after.get("payload_invalid", 0) - before.get("payload_invalid", 0)),
+                    int(after.get("over_budget", 0) - before.get("over_budget", 0)),
+                    loop_cpu,
+                    busy,
+                )
+            )
+            print(f"{asdict(phases[-1])}", file=sys.stderr)
+    finally:
+        peer.close()
+    return phases[0], phases[1]
+
+
+def fmt_ms(value: float) -> str:
+    return f"> {WAIT_S:.0f} s" if math.isinf(value) else f"{value:.1f}"
+
+
+def median(values: list[float]) -> float:
+    return float(statistics.median(values))
+
+
+def render(pairs: list[tuple[Phase, Phase]], args: argparse.Namespace) -> str:
+    """One row per budget setting and attack: medians over the repeats (each a fresh gateway measuring
+    its own unattacked baseline first), and the range of the per-repeat p99 ratios."""
+    groups: dict[tuple[str, str], list[tuple[Phase, Phase]]] = {}
+    for base, attacked in pairs:
+        groups.setdefault((attacked.budget, attacked.attack), []).append((base, attacked))
+    rows = []
+    for (budget, attack), runs in groups.items():
+        ratios = [a.p99_ms / b.p99_ms for b, a in runs]
+        rows.append(
+            [
+                f"`[budget]` {budget}",
+                attack,
+                fmt_ms(median([b.p99_ms for b, _ in runs])),
+                fmt_ms(median([a.p50_ms for _, a in runs])),
+                fmt_ms(median([a.p99_ms for _, a in runs])),
+                "inf" if math.isinf(median(ratios)) else f"{median(ratios):.1f}x",
+                ", ".join("inf" if math.isinf(r) else f"{r:.1f}x" for r in ratios),
+                f"{sum(a.victim_answered for _, a in runs):,} / {sum(a.victim_sent for _, a in runs):,}",
+                f"{sum(a.attack_frames for _, a in runs) // len(runs):,}",
+                f"{sum(a.attack_decompressed for _, a in runs) / len(runs):g}",
+                f"{sum(a.attack_refused for _, a in runs) // len(runs):,}",
+                " / ".join(f"{median([p.loop_cpu for p in side]):.2f}" for side in zip(*runs, strict=True)),
+                " / ".join(
+                    f"{median([p.machine_busy for p in side]):.0%}" for side in zip(*runs, strict=True)
+                ),
+            ]
+        )
+    header = [
+        "gateway",
+        "attack",
+        "victim p99 unattacked ms",
+        "attacked p50 ms",
+        "attacked p99 ms",
+        "p99 / unattacked",
+        "per repeat",
+        "victim answered",
+        "bombs sent",
+        "decompressed",
+        "refused `over_budget`",
+        "gateway loop CPU s/s, unattacked / attacked",
+        "machine busy, unattacked / attacked",
+    ]
+    rates = ",".join(f"{r:g}" for r in args.attack_rates)
+    return (
+        "## Per-agent cost budget under a decompression-bomb flood (issue 24 item 4)\n\n"
+        f"Command: `python -m bench.budget_attack --seconds {args.seconds:g} --rate {args.rate:g} "
+        f"--attack-rates {rates} --repeat {args.repeat} --write`  \n"
+        f"Measured {stamp()} on {machine()}.\n\n"
+        f"A victim agent sends one realtime request per frame, open loop at {args.rate:g}/s for "
+        f"{args.seconds:g} s (latency from the scheduled send time; unanswered {WAIT_S:g} s after the "
+        "phase = infinitely late). The attacker, another agent on its own connection and in its own process, "
+        f"sends frames of {len(bomb_body(args.declared_mib << 20)):,} bytes of zstd that honestly declare "
+        f"{args.declared_mib} MiB of zeros (each one decompressed is then refused `payload_invalid`), at a "
+        "fixed rate or as fast as its socket takes them (full rate), from 1 s before the victim's phase to "
+        "its end. Each repeat is a fresh gateway (null backend, the bench pools) that measures the victim "
+        f"unattacked first, then attacked; figures are medians over {args.repeat} repeats, counts are per "
+        "repeat. Everything, the attacker included, shares this machine's cores with whatever else runs on "
+        "it.\n\n" + table(header, rows)
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="victim p99 under a bomb flood, cost budget on and off")
+    parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--rate", type=float, default=200.0, help="the victim's open-loop requests/s")
+    parser.add_argument(
+        "--attack-rates",
+        type=lambda text: [float(x) for x in text.split(",")],
+        default=[185.0, 0.0],
+        help="bombs/s, comma-separated; 0 = full rate",
+    )
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--declared-mib", type=int, default=32)
+    parser.add_argument("--max-frames", type=int, default=2_000_000)
+    parser.add_argument("--write", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    code = reexec_in_namespace("bench.budget_attack", sys.argv[1:] if argv is None else argv)
+    if code is not None:
+        return code
+    pairs: list[tuple[Phase, Phase]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(args.repeat):
+            for enabled in (True, False):
+                for attack_rate in args.attack_rates:
+                    base, attacked = run_pair(Path(tmp), enabled, attack_rate, args)
+                    pairs.append((base, attacked))
+    report = render(pairs, args)
+    print(json.dumps([[asdict(b), asdict(a)] for b, a in pairs], indent=2) if args.json else report)
+    if args.write:
+        update_section("budget", report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""Each agent's cost budget at ingest: what its frames may make the gateway decompress and decode.
+
+A 1 KB frame may honestly declare 32 MiB of zeros: it passes every limit of the codec
+(``max_decompressed_bytes`` bounds one frame, not a rate) and costs the event loop tens of milliseconds
+to decompress, during which no other agent's frame is read. A flood of them from one agent starves the
+rest. So each agent has two token buckets, as Envoy's overload manager and NATS account limits charge a
+peer for what it costs:
+
+* **bytes**: the bytes its zstd frames decompress to, refilled at ``bytes_per_s`` up to ``burst_bytes``.
+  A frame larger than ``large_frame_bytes`` costs more than its size: ``size x size / large_frame_bytes``.
+  Its decompression holds the loop in one piece, and what that does to the others grows with the square
+  of its length (more of their frames wait, each longer); an agent's own frames are cut at about 1 MiB
+  (its ``batching.max_bytes``), so only a frame no agent sends pays the square. Payloads sent raw
+  (``CODEC_NONE``) are not decompressed and cost no bytes here: their bytes came over the wire.
+* **decode time**: event-loop seconds spent decoding its frames, refilled at ``decode_s_per_s`` (a share
+  of one core) up to ``burst_decode_s``.
+
+Admission (:meth:`AgentBudgets.admit`) is decided before decompression, from the envelope's declared
+``uncompressed_length`` (which the codec later holds the payload to) and the balances: the frame goes
+ahead when the bytes bucket holds its cost (or is full, for a frame costing more than the bucket holds)
+and the decode bucket is not in debt. Otherwise it is refused, and the answer is how long until it would
+be admitted: the retry-after the agent is told. The cost is charged afterwards (:meth:`AgentBudgets.charge`)
+with what the decode really took; a frame may drive a bucket into debt (its decode time is not known
+before), and an agent in debt is refused until the refill has paid it back.
+
+Pure logic: no sockets, no logging; the clock is the caller's (``now``) or the injected one.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from edgewire import FrameError, pb
+from gateway.config import BudgetConfig
+
+CONTROL_FREE_BYTES: Final = 4096
+"""A Ping or DictionaryRequest declaring at most this much is always admitted (and charged): the gateway
+answers no refused control frame (PROTOCOL.md section 7), so refusing one would read to the agent as a
+lost Pong, and a few of those as a dead carrier. Real ones are tens of bytes."""
+BUDGETED_KINDS: Final = frozenset(
+    {pb.MESSAGE_KIND_REQUEST_BATCH, pb.MESSAGE_KIND_PING, pb.MESSAGE_KIND_DICTIONARY_REQUEST}
+)
+"""The kinds whose payload the gateway decodes; frames of other kinds are refused before that."""
+MAX_RETRY_AFTER_MS: Final = (1 << 32) - 1  # the wire field is a uint32
+TOLD_PER_HOLD: Final = 64
+"""Over-budget refusals answered with an Ack while an agent is held back (from its first refusal until the
+retry-after that refusal gave). An agent honouring it sent at most its frames already in flight (its send
+window) in that time; the rest come from one that does not listen, and an Ack each would cost the loop
+more than the refusal itself: they are counted and dropped, as an Ack lost would be (the agent resends
+after its ack timeout)."""
+OVER_BUDGET: Final = FrameError(pb.REJECT_REASON_OVER_BUDGET, "agent over its cost budget")
+"""The refusal, counted and logged like every other; the wait is the Ack's ``frame_retry_after_ms``."""
+
+
+@dataclass(slots=True)
+class _Buckets:
+    bytes: float
+    decode_s: float
+    at: float  # when both were last refilled
+    held_until: float = 0.0  # the retry-after of the first refusal of the current hold
+    told: int = 0  # refusals answered with an Ack in the current hold
+
+
+class AgentBudgets:
+    """The two token buckets of every agent seen recently (at most ``config.max_agents``: the least
+    recently seen is forgotten first, and comes back with full buckets).
+
+    With ``config.enabled`` false every frame is admitted and nothing is tracked.
+    """
+
+    def __init__(self, config: BudgetConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.enabled = config.enabled
+        self._clock = clock
+        self._agents: OrderedDict[str, _Buckets] = OrderedDict()
+        self.evicted = 0  # agents forgotten to stay within max_agents
+
+    def __len__(self) -> int:
+        return len(self._agents)
+
+    def cost(self, decompressed_bytes: int) -> float:
+        """What decompressing ``decompressed_bytes`` in one frame costs the bytes bucket."""
+        large = self.config.large_frame_bytes
+        return decompressed_bytes * max(1.0, decompressed_bytes / large)
+
+    def admit(
+        self, agent_id: str, declared_bytes: int, now: float | None = None, *, control: bool = False
+    ) -> float | None:
+        """None: decode the frame. Else the seconds until the agent's buckets would admit it.
+
+        ``declared_bytes``: what the frame will decompress to (the envelope's ``uncompressed_length`` of a
+        zstd payload, 0 for a raw one); ``control``: a Ping or a DictionaryRequest (small ones always go
+        ahead, see :data:`CONTROL_FREE_BYTES`).
+        """
+        if not self.enabled or (control and declared_bytes <= CONTROL_FREE_BYTES):
+            return None
+        cfg = self.config
+        buckets = self._buckets(agent_id, self._clock() if now is None else now)
+        need = min(self.cost(declared_bytes), cfg.burst_bytes)  # more than the bucket: wait for a full one
+        wait = max((need - buckets.bytes) / cfg.bytes_per_s, -buckets.decode_s / cfg.decode_s_per_s)
+        return wait if wait > 0 else None
+
+    def charge(
+        self, agent_id: str, decompressed_bytes: int, decode_s: float, now: float | None = None
+    ) -> None:
+        """What an admitted frame cost: the bytes it decompressed to (0 for a raw payload) and the time
+        its decode took."""
+        if not self.enabled:
+            return
+        buckets = self._buckets(agent_id, self._clock() if now is None else now)
+        buckets.bytes -= self.cost(decompressed_bytes)
+        buckets.decode_s -= max(0.0, decode_s)
+
+    def tell(self, agent_id: str, retry_after_s: float, now: float | None = None) -> bool:
+        """Whether a refusal :meth:`admit` just made is answered with an Ack: the first
+        :data:`TOLD_PER_HOLD` of a hold are, the rest of it are not."""
+        buckets = self._agents.get(agent_id)
+        if buckets is None:
+            return True
+        now = self._clock() if now is None else now
+        if now >= buckets.held_until:
+            buckets.held_until, buckets.told = now + retry_after_s, 0
+        buckets.told += 1
+        return buckets.told <= TOLD_PER_HOLD
+
+    def balance(self, agent_id: str, now: float | None = None) -> tuple[float, float] | None:
+        """(bytes, decode seconds) the agent's buckets hold now; None for an agent not tracked."""
+        buckets = self._agents.get(agent_id)
+        if buckets is None:
+            return None
+        self._refill(buckets, self._clock() if now is None else now)
+        return buckets.bytes, buckets.decode_s
+
+    def _buckets(self, agent_id: str, now: float) -> _Buckets:
+        buckets = self._agents.get(agent_id)
+        if buckets is None:
+            cfg = self.config
+            buckets = self._agents[agent_id] = _Buckets(float(cfg.burst_bytes), cfg.burst_decode_s, now)
+            if len(self._agents) > cfg.max_agents:
+                self._agents.popitem(last=False)
+                self.evicted += 1
+            return buckets
+        self._agents.move_to_end(agent_id)
+        self._refill(buckets, now)
+        return buckets
+
+    def _refill(self, buckets: _Buckets, now: float) -> None:
+        elapsed = now - buckets.at
+        if elapsed <= 0:  # same instant, or a clock that stepped back: nothing accrues
+            return
+        cfg = self.config
+        buckets.bytes = min(float(cfg.burst_bytes), buckets.bytes + elapsed * cfg.bytes_per_s)
+        buckets.decode_s = min(cfg.burst_decode_s, buckets.decode_s + elapsed * cfg.decode_s_per_s)
+        buckets.at = now
+
+
+def retry_after_ms(retry_after_s: float) -> int:
+    """The wire's retry-after for a wait: whole milliseconds, rounded up (never 0: 0 means none)."""
+    return max(1, min(MAX_RETRY_AFTER_MS, math.ceil(retry_after_s * 1000)))
+
+
+def over_budget_ack(message_id: bytes, retry_after_s: float) -> pb.Ack:
+    """The Ack that refuses the frame ``message_id`` whole and says when the agent may send again."""
+    return pb.Ack(
+        acked_message_id=message_id,
+        frame_reject=OVER_BUDGET.reason,
+        frame_reject_detail=OVER_BUDGET.detail,
+        frame_retry_after_ms=retry_after_ms(retry_after_s),
+    )

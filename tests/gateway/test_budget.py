@@ -1,0 +1,338 @@
+"""Each agent's cost budget (gateway/ingress/budget.py): the bucket arithmetic on a fake clock, the
+defaults against honest traffic and a bomb flood, and a real gateway refusing an over-budget agent's
+frames before decompression while another agent is served."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zstandard as zstd
+
+from edge_agent.synthetic import SyntheticTraffic
+from edgewire import FrameCodec, new_id, now_unix_us, pb
+from gateway.config import BudgetConfig, ConfigError, load_config
+from gateway.ingress.budget import (
+    CONTROL_FREE_BYTES,
+    TOLD_PER_HOLD,
+    AgentBudgets,
+    over_budget_ack,
+    retry_after_ms,
+)
+from gateway.server import Gateway
+from gateway.testing import WireClient, run_gateway
+from tests.gateway.daemon.test_serving import synthetic
+
+MIB = 1 << 20
+
+
+class FakeClock:
+    """Monotonic seconds that move only when told."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def budgets(clock: FakeClock, **changes: Any) -> AgentBudgets:
+    """Budgets with these settings, every frame costing its size unless ``large_frame_bytes`` is given."""
+    return AgentBudgets(BudgetConfig(**{"large_frame_bytes": 1 << 40, **changes}), clock)
+
+
+# ------------------------------------------------------------------------------------------ the buckets
+
+
+def test_a_new_agent_starts_full_and_waits_for_the_refill_of_what_it_declares() -> None:
+    """A fresh agent gets its burst at once; the next frame waits (declared - balance) / rate seconds."""
+    clock = FakeClock()
+    b = budgets(clock, bytes_per_s=1 * MIB, burst_bytes=4 * MIB)
+    assert b.admit("a", 4 * MIB) is None
+    b.charge("a", 4 * MIB, 0.001)
+    assert b.admit("a", MIB) == pytest.approx(1.0)
+    clock.now += 0.5
+    assert b.admit("a", MIB) == pytest.approx(0.5)
+    clock.now += 0.5
+    assert b.admit("a", MIB) is None
+    assert b.balance("a") == pytest.approx((1.0 * MIB, 0.5))  # the decode bucket refilled long ago
+
+
+def test_the_refill_stops_at_the_burst() -> None:
+    """An idle agent saves up no more than its burst, of bytes and of decode time."""
+    clock = FakeClock()
+    b = budgets(clock, bytes_per_s=1 * MIB, burst_bytes=2 * MIB, decode_s_per_s=0.5, burst_decode_s=0.25)
+    b.charge("a", 2 * MIB, 0.25)
+    clock.now += 3600
+    assert b.balance("a") == pytest.approx((2.0 * MIB, 0.25))
+
+
+def test_an_agent_in_decode_debt_is_refused_until_it_is_paid_back() -> None:
+    """A frame whose decode took longer than the bucket held leaves a debt; its agent is refused, whatever
+    it declares, until the refill has paid it: debt / decode_s_per_s."""
+    clock = FakeClock()
+    b = budgets(clock, decode_s_per_s=0.5, burst_decode_s=0.5)
+    assert b.admit("a", 100) is None
+    b.charge("a", 100, 2.0)  # 1.5 s in debt
+    assert b.admit("a", 0) == pytest.approx(3.0)
+    clock.now += 2.9
+    assert b.admit("a", 100) == pytest.approx(0.1)
+    clock.now += 0.1
+    assert b.admit("a", 100) is None
+
+
+def test_a_frame_larger_than_the_bucket_goes_when_the_bucket_is_full() -> None:
+    """A frame declaring more than burst_bytes is not refused for ever: it needs a full bucket, and leaves
+    the agent in debt for the rest."""
+    clock = FakeClock()
+    b = budgets(clock, bytes_per_s=1 * MIB, burst_bytes=2 * MIB)
+    assert b.admit("a", 8 * MIB) is None
+    b.charge("a", 8 * MIB, 0.0)  # 6 MiB in debt
+    assert b.admit("a", 8 * MIB) == pytest.approx(8.0)  # back to a full 2 MiB
+    clock.now += 8
+    assert b.admit("a", 8 * MIB) is None
+
+
+def test_a_frame_over_large_frame_bytes_costs_the_square_of_its_size() -> None:
+    """Up to large_frame_bytes a frame costs its size; beyond, size x size / large_frame_bytes (twice the
+    size, four times the cost); a raw payload (nothing decompressed) costs nothing."""
+    b = budgets(FakeClock(), large_frame_bytes=1 * MIB)
+    assert b.cost(0) == 0
+    assert b.cost(300_000) == 300_000
+    assert b.cost(1 * MIB) == 1 * MIB
+    assert b.cost(2 * MIB) == 4 * MIB
+    assert b.cost(32 * MIB) == 1024 * MIB
+
+
+def test_small_control_frames_are_admitted_in_debt_and_large_ones_are_not() -> None:
+    """A Ping or DictionaryRequest of at most CONTROL_FREE_BYTES always goes (refused, it would look like a
+    lost Pong), a larger one is budgeted like a batch."""
+    clock = FakeClock()
+    b = budgets(clock, bytes_per_s=1 * MIB, burst_bytes=1 * MIB)
+    b.charge("a", 3 * MIB, 0.0)
+    assert b.admit("a", 40, control=True) is None
+    assert b.admit("a", CONTROL_FREE_BYTES, control=True) is None
+    assert b.admit("a", CONTROL_FREE_BYTES + 1, control=True) is not None
+    assert b.admit("a", 40) is not None
+
+
+def test_agents_have_buckets_of_their_own() -> None:
+    """One agent's debt refuses none of another's frames."""
+    clock = FakeClock()
+    b = budgets(clock, bytes_per_s=1 * MIB, burst_bytes=1 * MIB)
+    b.charge("attacker", 32 * MIB, 5.0)
+    assert b.admit("attacker", 1000) is not None
+    assert b.admit("victim", 1 * MIB) is None
+
+
+def test_at_most_max_agents_are_tracked_least_recently_seen_first_out() -> None:
+    """The table is bounded: a third agent evicts the one seen longest ago, which comes back full."""
+    clock = FakeClock()
+    b = budgets(clock, bytes_per_s=1, burst_bytes=1000, max_agents=2)
+    b.charge("a", 1000, 0.0)
+    b.charge("b", 1000, 0.0)
+    assert b.admit("a", 10) is not None  # "a" seen again: "b" is now the oldest
+    b.charge("c", 10, 0.0)
+    assert len(b) == 2 and b.evicted == 1
+    assert b.balance("b") is None
+    assert b.balance("a") is not None
+    assert b.admit("b", 1000) is None  # forgotten, so full again
+
+
+def test_disabled_budgets_admit_everything_and_track_nothing() -> None:
+    """``enabled = false`` turns the mechanism off."""
+    b = budgets(FakeClock(), enabled=False, bytes_per_s=1, burst_bytes=1)
+    b.charge("a", 32 * MIB, 10.0)
+    assert b.admit("a", 32 * MIB) is None
+    assert len(b) == 0
+
+
+def test_a_clock_that_steps_back_refills_nothing() -> None:
+    """An injected clock that goes backwards neither refills nor raises."""
+    clock = FakeClock()
+    b = budgets(clock, bytes_per_s=1 * MIB, burst_bytes=1 * MIB)
+    b.charge("a", 1 * MIB, 0.0)
+    clock.now -= 10
+    assert b.admit("a", MIB) == pytest.approx(1.0)
+
+
+def test_retry_after_is_whole_milliseconds_rounded_up_and_never_zero() -> None:
+    """0 on the wire means 'no retry-after': a wait of a microsecond is told as 1 ms."""
+    assert retry_after_ms(1e-9) == 1
+    assert retry_after_ms(0.0101) == 11
+    assert retry_after_ms(2.0) == 2000
+    assert retry_after_ms(1e12) == (1 << 32) - 1
+    ack = over_budget_ack(b"m" * 16, 0.25)
+    assert (ack.frame_reject, ack.frame_retry_after_ms) == (pb.REJECT_REASON_OVER_BUDGET, 250)
+    assert ack.frame_reject_detail == "agent over its cost budget"
+
+
+def test_an_agent_is_told_to_wait_only_so_often_per_hold() -> None:
+    """The first TOLD_PER_HOLD refusals of a hold get an Ack, the rest of it none; the next hold, after the
+    first refusal's retry-after, is told again."""
+    clock = FakeClock()
+    b = budgets(clock, bytes_per_s=1 * MIB, burst_bytes=1 * MIB)
+    b.charge("a", 2 * MIB, 0.0)
+    told = [b.tell("a", 2.0) for _ in range(TOLD_PER_HOLD + 10)]
+    assert told == [True] * TOLD_PER_HOLD + [False] * 10
+    clock.now += 1.99
+    assert not b.tell("a", 2.0)
+    clock.now += 0.01
+    assert b.tell("a", 2.0)
+
+
+# ------------------------------------------------------------------------------------- the defaults
+
+
+def honest_frames(n: int) -> list[int]:
+    """Declared (uncompressed) lengths of frames of 100 requests of the synthetic ranking + text + image
+    mix, as the agent sends them."""
+    codec = FrameCodec()
+    traffic = [g.request for g in SyntheticTraffic(7).take(100 * n)]
+    lengths = []
+    for i in range(n):
+        header, _ = codec.encode(pb.RequestBatch(requests=traffic[100 * i : 100 * (i + 1)]))
+        lengths.append(pb.Envelope.FromString(header).uncompressed_length)
+    return lengths
+
+
+def test_the_defaults_never_refuse_honest_frames_of_100_at_20k_records_a_second() -> None:
+    """30 s of 200 frames/s of 100 synthetic requests (the mix, images included), each charged twice the
+    decode time measured for such a frame (0.5 ms, docs/GATEWAY.md): not one refused."""
+    clock = FakeClock()
+    b = AgentBudgets(BudgetConfig(), clock)
+    sizes = honest_frames(10)
+    assert 150_000 < sum(sizes) / len(sizes) < 400_000  # what a frame of 100 of this mix declares
+    refused = 0
+    for i in range(200 * 30):
+        clock.now += 1 / 200
+        declared = sizes[i % len(sizes)]
+        if b.admit("honest", declared) is not None:
+            refused += 1
+        else:
+            b.charge("honest", declared, 0.001)
+    assert refused == 0
+
+
+def test_the_defaults_hold_a_bomb_flood_to_one_frame_in_16_seconds() -> None:
+    """185 frames/s declaring 32 MiB each for 30 s: each costs 32 x its size (a GiB) at 64 MiB/s, so two
+    are decompressed, not 5,550; the rest are refused with a retry-after no longer than that refill."""
+    clock = FakeClock()
+    config = BudgetConfig()
+    b = AgentBudgets(config, clock)
+    admitted, waits = 0, []
+    for _ in range(185 * 30):
+        clock.now += 1 / 185
+        wait = b.admit("bomber", 32 * MIB)
+        if wait is None:
+            admitted += 1
+            b.charge("bomber", 32 * MIB, 0.015)
+        else:
+            waits.append(wait)
+    assert admitted == 1 + math.floor(30 * config.bytes_per_s / b.cost(32 * MIB)) == 2
+    assert max(waits) <= b.cost(32 * MIB) / config.bytes_per_s == 16.0
+
+
+def test_bad_budget_values_name_their_key() -> None:
+    """A zero rate is refused at its key, like every config mistake."""
+    with pytest.raises(ConfigError) as info:
+        load_config(environ={}, overrides={"budget": {"bytes_per_s": 0, "max_agents": 0}})
+    assert {key for key, _ in info.value.problems} == {"budget.bytes_per_s", "budget.max_agents"}
+
+
+# ----------------------------------------------------------------------------------- a real gateway
+
+
+@functools.cache
+def zeros_zstd(n: int) -> bytes:
+    return zstd.ZstdCompressor(level=3, write_content_size=True).compress(bytes(n))
+
+
+def bomb(declared: int, agent_id: str) -> list[bytes]:
+    """A frame honestly declaring ``declared`` bytes of zeros: ~1 KB of zstd, every codec limit kept (the
+    zeros do not parse as a RequestBatch once decompressed: payload_invalid)."""
+    body = zeros_zstd(declared)
+    envelope = pb.Envelope(
+        schema_version=1,
+        message_id=new_id(),
+        agent_id=agent_id,
+        region="us-west",
+        kind=pb.MESSAGE_KIND_REQUEST_BATCH,
+        codec=pb.CODEC_ZSTD,
+        uncompressed_length=declared,
+        sent_at_unix_us=now_unix_us(),
+    )
+    return [envelope.SerializeToString(), body]
+
+
+def rejected(gw: Gateway, carrier: str, label: str) -> float:
+    labels_ = {"carrier": carrier, "reason": label}
+    return gw.metrics.registry.get_sample_value("hkgw_frames_rejected_total", labels_) or 0.0
+
+
+# 8 MiB of burst for bombs of 4 MiB, each costing its size; the refill (64 KiB/s) gives a third one only
+# after a minute.
+TIGHT = {"bytes_per_s": 64 << 10, "burst_bytes": 8 * MIB, "large_frame_bytes": 4 * MIB}
+
+
+async def test_an_over_budget_agent_is_refused_before_decompression_and_told_when_to_retry(
+    models_dir: Path,
+) -> None:
+    """Of 12 bombs of 4 MiB the burst decompresses two (payload_invalid); the other ten are refused
+    over_budget before decompression, each with an Ack naming its frame and a retry-after; the agent's
+    small Pings are still answered."""
+    frames = [bomb(4 * MIB, "attacker") for _ in range(12)]
+    async with (
+        run_gateway(models_dir=models_dir, budget=TIGHT) as gw,
+        WireClient(gw.endpoint("hgc"), agent_id="attacker") as attacker,
+    ):
+        for f in frames:
+            await attacker.send_raw(f)
+        await attacker.ping()  # answers to one connection keep their order: every Ack came before it
+        assert rejected(gw, "hgc", "payload_invalid") == 2
+        assert rejected(gw, "hgc", "over_budget") == 10
+        refusals = [attacker.acks[pb.Envelope.FromString(f[0]).message_id] for f in frames[2:]]
+        assert {a.frame_reject for a in refusals} == {pb.REJECT_REASON_OVER_BUDGET}
+        # 4 MiB at 64 KiB/s: about a minute; never 0 (no retry-after) and never more than the refill.
+        assert all(1000 < a.frame_retry_after_ms <= 64_001 for a in refusals)
+        assert not any(a.accepted_ids or a.nacks for a in refusals)
+
+
+async def test_during_a_full_rate_bomb_flood_another_agent_is_served(models_dir: Path) -> None:
+    """An attacker firing 300 bombs of 32 MiB as fast as it can, on one carrier, while a victim sends 20
+    frames of 5 on another: the defaults decompress one (a full bucket; each costs a GiB), the other 299
+    are refused, and each of the victim's 100 requests is answered OK. (Without the budget the gateway
+    decompresses all 300, 9.4 GiB; bench/budget_attack.py measures what that does to the victim.)"""
+    flood = [bomb(32 * MIB, "attacker") for _ in range(300)]
+    victims = synthetic(100, seed=90)
+    asked = [victims[i : i + 5] for i in range(0, 100, 5)]
+    async with (
+        run_gateway(models_dir=models_dir) as gw,
+        WireClient(gw.endpoint("hgc"), agent_id="attacker") as attacker,
+        WireClient(gw.endpoint("pccw"), agent_id="victim") as victim,
+    ):
+
+        async def attack() -> None:
+            for f in flood:
+                await attacker.send_raw(f)
+
+        async def serve_victim() -> list[pb.InferResponse]:
+            answers: list[pb.InferResponse] = []
+            for batch in asked:
+                answers += await victim.infer(batch)
+            return answers
+
+        _, answers = await asyncio.gather(attack(), serve_victim())
+        await attacker.ping()
+        assert rejected(gw, "hgc", "payload_invalid") == 1
+        assert rejected(gw, "hgc", "over_budget") == 299
+        assert rejected(gw, "pccw", "over_budget") == 0
+        # Told to wait TOLD_PER_HOLD times; the rest of the flood is counted and dropped unanswered.
+        told = [a for a in attacker.acks.values() if a.frame_reject == pb.REJECT_REASON_OVER_BUDGET]
+        assert len(told) == TOLD_PER_HOLD
+    assert [r.request_id for r in answers] == [r.request_id for r in victims]
+    assert all(r.status == pb.STATUS_OK for r in answers)
