@@ -88,7 +88,7 @@ _NATIVE: Final[Mapping[np.dtype, np.dtype]] = {
 }
 
 
-@functools.cache
+@functools.lru_cache(maxsize=1024)
 def _model_dtype(name: str) -> tuple[np.dtype[Any], str]:
     """A model input's dtype (as its TensorSpec names it) and that dtype's canonical name."""
     dtype = np.dtype(name)
@@ -273,7 +273,7 @@ class _InputPlan:
     dtypes: Mapping[int, np.dtype[Any]]  # wire datatypes the input takes -> their dtype
 
 
-@functools.cache
+@functools.lru_cache(maxsize=1024)  # bounded: the inputs of the models served, across reloads
 def _input_plan(want: TensorSpec, batched: bool) -> _InputPlan:
     model_dtype, model_name = _model_dtype(want.dtype)
     dtypes = {

@@ -297,33 +297,45 @@ def test_payloads_must_match_the_requests_one_for_one() -> None:
         TensorPipeline().prepare_views([request], [b"", b""], SPEC)
 
 
-DTYPES = st.sampled_from(["float32", "int64", "float16"])
-
-
 @st.composite
 def tensor_requests(draw: st.DrawFn) -> pb.InferRequest:
-    """Requests for SPEC, valid or not: inputs present or not, of any of three dtypes, widths and rows,
-    and raw_data cut short now and then."""
+    """Requests for SPEC and UNBATCHED, valid or not (mostly valid): inputs present or not, of the
+    model's dtype or another, of its width or not, rows that agree or not, raw_data cut short now and
+    then, in any order."""
     rows = draw(st.integers(0, 3))
     tensors = []
-    for name, width in (("x", draw(st.sampled_from([4, 4, 3]))), ("ids", draw(st.integers(1, 3)))):
+    for name, model_dtype, width in (
+        ("x", "float32", draw(st.sampled_from([4, 4, 4, 3]))),
+        ("ids", "int64", draw(st.integers(1, 3))),
+    ):
         if draw(st.integers(0, 9)) == 0:
             continue
-        tensor = tensor_from_array(
-            name, np.ones((draw(st.sampled_from([rows, rows, 1])), width), draw(DTYPES))
-        )
+        shape = (draw(st.sampled_from([rows, rows, rows, 1])), width)
+        dtype = draw(st.sampled_from([model_dtype, model_dtype, model_dtype, "float16"]))
+        tensor = tensor_from_array(name, np.ones(shape, dtype))
         if draw(st.integers(0, 9)) == 0:
             tensor.raw_data = tensor.raw_data[:-1]
         tensors.append(tensor)
     return pb.InferRequest(request_id=new_id(), inputs=draw(st.permutations(tensors)))
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(tensor_requests(), min_size=1, max_size=5))
+UNBATCHED = ModelSpec(  # no batch dim: a tensor's shape is the model's dims
+    name="u",
+    version="1",
+    inputs=(TensorSpec("x", "float32", (-1, 4)), TensorSpec("ids", "int64", (1, -1))),
+    outputs=(),
+    max_batch_size=0,
+    pipeline="tensor",
+)
+
+
+@pytest.mark.parametrize("spec", [SPEC, UNBATCHED], ids=["batched", "unbatched"])
+@settings(max_examples=100, deadline=None)
+@given(requests=st.lists(tensor_requests(), min_size=1, max_size=5))
 def test_any_batch_is_the_same_read_in_place_or_from_the_parsed_requests(
-    requests: list[pb.InferRequest],
+    spec: ModelSpec, requests: list[pb.InferRequest]
 ) -> None:
     """Whatever the requests, valid or not, both ways give the same kept rows, arrays and rejections."""
     payloads = [r.SerializeToString() for r in requests]
     pipeline = TensorPipeline()
-    same(pipeline.prepare_views(requests, payloads, SPEC), pipeline.prepare(requests, SPEC))
+    same(pipeline.prepare_views(requests, payloads, spec), pipeline.prepare(requests, spec))
