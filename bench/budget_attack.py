@@ -311,7 +311,15 @@ def render(pairs: list[tuple[Phase, Phase]], args: argparse.Namespace) -> str:
         "its end. Each repeat is a fresh gateway (null backend, the bench pools) that measures the victim "
         f"unattacked first, then attacked; figures are medians over {args.repeat} repeats, counts are per "
         "repeat. Everything, the attacker included, shares this machine's cores with whatever else runs on "
-        "it.\n\n" + table(header, rows)
+        "it.\n\n"
+        + table(header, rows)
+        + "\n\n'decompressed': attacker frames the gateway decompressed (then refused `payload_invalid`); "
+        "with the budget a 32 MiB frame costs a GiB of its 64 MiB/s, so only the first is, and it falls in "
+        "the second before the victim's phase. 'gateway loop CPU': what the gateway's event-loop thread got "
+        "per second of the phase; 'machine busy': all cores, whatever runs on them. At full rate the "
+        "attacker keeps sending whatever is refused, so the gateway reads a frame, refuses it (no "
+        "decompression, at most 64 Acks per hold) and reads the next as fast as it can: a flood of frames "
+        "the budget cannot make free, since a frame's envelope must be read to know whose it is."
     )
 
 
