@@ -302,6 +302,18 @@ async def test_an_over_budget_agent_is_refused_before_decompression_and_told_whe
         assert not any(a.accepted_ids or a.nacks for a in refusals)
 
 
+def test_the_protocol_documents_the_refusal_as_the_gateway_answers_it() -> None:
+    """PROTOCOL.md's RejectReason row: over_budget is step 13a and answered with an Ack (what the test above
+    sees); the check-order table names it at that step."""
+    from tests.test_protocol_conformance import answered_with_ack, code, doc_table, reject_rows
+
+    row = reject_rows()["OVER_BUDGET"]
+    assert code(row["label"]) == "over_budget" and "step 13a" in row["raised when"]
+    assert answered_with_ack("over_budget")
+    steps = {row["step"]: code(row["reject reason"]) for row in doc_table("## 7. Receiver check order")}
+    assert steps["13a"] == "OVER_BUDGET"
+
+
 async def test_during_a_full_rate_bomb_flood_another_agent_is_served(models_dir: Path) -> None:
     """An attacker firing 300 bombs of 32 MiB as fast as it can, on one carrier, while a victim sends 20
     frames of 5 on another: the defaults decompress one (a full bucket; each costs a GiB), the other 299
