@@ -1,11 +1,12 @@
 """Issue 24 item 3: 301 KB FP16 tensors from the ZeroMQ frame into the batch, old code vs new, one run.
 
-    python -m bench.tensor_path [--old /tmp/old] [--new .] [--tree LABEL=PATH ...] [--frames 150]
-                                [--repeats 3] [--write] [--json FILE]
+    python -m bench.tensor_path [--old /tmp/old] [--new .] [--parsed-variant] [--tree LABEL=PATH ...]
+                                [--frames 150] [--repeats 3] [--write] [--json FILE]
 
 Two parts, each for the code before the change (``--old``, a checkout such as ``git worktree add /tmp/old
-HEAD``) and after it (``--new``, this checkout), and any ``--tree`` given besides (a variant to tell one
-change's share from the rest), each run with its cwd and PYTHONPATH set to its tree (a
+HEAD``) and after it (``--new``, this checkout), and the variants asked for (``--parsed-variant``: new
+whose CPU stage hands the pipelines no payloads, so that item 3's share of new's figures shows; ``--tree``:
+any other checkout), each run with its cwd and PYTHONPATH set to its tree (a
 one-off check imports the packages that way and asserts that they come from that tree; the gateway's
 cwd and PYTHONPATH are read back from /proc):
 
@@ -36,6 +37,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -46,7 +48,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from bench.frame_path import Tree, imported_from, settle, spread, start_tree, statuses, tensor_requests
+from bench.frame_path import (
+    PACKAGES,
+    Tree,
+    imported_from,
+    settle,
+    spread,
+    start_tree,
+    statuses,
+    tensor_requests,
+)
 from bench.gateway_bench import restamp
 from bench.gpu_tier import null_repository, null_specs
 from bench.ingest_bench import ingest
@@ -138,6 +149,29 @@ class Results:
     probes: dict[str, dict[str, Any]] = field(default_factory=dict)
     runs: list[Run] = field(default_factory=list)
     gateways: dict[str, dict[str, str]] = field(default_factory=dict)  # /proc of each tree's gateway
+
+
+PARSED_VARIANT: Final = "new-parsed"
+_PASSES_PAYLOADS: Final = (
+    "worker.prepare_requests(pipeline, spec, requests, payloads)",
+    "self._in_thread(worker.prepare_requests, pipeline, spec, requests, payloads)",
+)
+
+
+def parsed_variant(new: Path, into: Path) -> Tree:
+    """A copy of ``new``'s packages whose CPU stage does not hand the payloads to the pipelines it runs in
+    the gateway (tensors read from the parsed requests, as before item 3): what is left is the share of
+    the rest of the new code."""
+    for package in PACKAGES:
+        shutil.copytree(new / package, into / package, ignore=shutil.ignore_patterns("__pycache__"))
+    cpu = into / "gateway" / "dispatch" / "cpu.py"
+    source = cpu.read_text()
+    for call in _PASSES_PAYLOADS:
+        if source.count(call) != 1:
+            raise RuntimeError(f"{cpu}: expected one {call!r}; the variant needs updating")
+        source = source.replace(call, call.replace(", payloads)", ")"))
+    cpu.write_text(source)
+    return Tree(PARSED_VARIANT, into)
 
 
 def log(message: str) -> None:
@@ -285,7 +319,8 @@ def render(results: Results, trees: Sequence[Tree], args: argparse.Namespace) ->
                     runs[0].codec,
                     f"{statistics.median(r.mb_per_s for r in runs):,.0f}",
                     f"{statistics.median(r.gateway_cores for r in runs):.2f}",
-                    f"{statistics.median(r.mb_per_cpu_s for r in runs):,.0f}",
+                    f"{statistics.median(r.mb_per_cpu_s for r in runs):,.0f} "
+                    f"({min(r.mb_per_cpu_s for r in runs):,.0f}-{max(r.mb_per_cpu_s for r in runs):,.0f})",
                     f"{statistics.median(r.driver_cores for r in runs):.2f}",
                     f"{sum(r.answered for r in runs):,} / {sum(r.refused for r in runs)}",
                     ", ".join(f"{k.removeprefix('STATUS_')} {v}" for k, v in sorted(checked.items())),
@@ -307,7 +342,9 @@ def render(results: Results, trees: Sequence[Tree], args: argparse.Namespace) ->
     where = ", ".join(
         f"{label} {g['cwd']} (PYTHONPATH {g['PYTHONPATH']})" for label, g in results.gateways.items()
     )
-    variants = "".join(f" --tree {t.label}={t.root}" for t in trees[2:])
+    variants = "".join(
+        " --parsed-variant" if t.label == PARSED_VARIANT else f" --tree {t.label}={t.root}" for t in trees[2:]
+    )
     command = f"python -m bench.tensor_path{variants} --frames {args.frames} --repeats {args.repeats} --write"
     load = os.getloadavg()[0]
     return "\n".join(
@@ -318,6 +355,15 @@ def render(results: Results, trees: Sequence[Tree], args: argparse.Namespace) ->
             f"Measured {stamp()} on {machine()}; load average {load:.1f} at the end (the machine is",
             "shared: the driver, the gateway and whatever else runs on its two cores). Old = the code",
             f"before the change, new = this checkout; the gateways ran from {where}.",
+            *(
+                [
+                    f"{PARSED_VARIANT} = new with its CPU stage handing no payloads to the pipelines it runs",
+                    "in the gateway (tensors read from the parsed requests, as before): the rest of new's",
+                    "share.",
+                ]
+                if any(t.label == PARSED_VARIANT for t in trees)
+                else []
+            ),
             "",
             "**Copies**, in process (bench/tensor_probe.py): a frame of N ResNet-50 inputs (FP16",
             "[1, 3, 224, 224], 301,056 bytes of raw_data each) received over ZeroMQ (`copy=False`) and",
@@ -343,10 +389,10 @@ def render(results: Results, trees: Sequence[Tree], args: argparse.Namespace) ->
             "",
             f"**Through the gateway** (null backend): frames of {PER_FRAME} product photos (FP16, 301 KB",
             f"each), {args.frames} frames per run from {AGENTS} agent ids, 8 frames in flight; median of",
-            f"{args.repeats} repeats, the trees taking turns. MB/s = raw_data of the requests answered per",
-            "wall second; 'MB per gateway CPU s' = the same per CPU second of the gateway's process tree",
-            "(main process, forkserver, CPU workers). 'Checked' = statuses of the frames sent before and",
-            "after each timed run, request by request.",
+            f"{args.repeats} repeats (range: lowest-highest), the trees taking turns. MB/s = raw_data of the",
+            "requests answered per wall second; 'MB per gateway CPU s' = the same per CPU second of the",
+            "gateway's process tree (main process, forkserver, CPU workers). 'Checked' = statuses of the",
+            "frames sent before and after each timed run, request by request.",
             "",
             table(
                 [
@@ -355,7 +401,7 @@ def render(results: Results, trees: Sequence[Tree], args: argparse.Namespace) ->
                     "codec",
                     "MB/s",
                     "gateway cores",
-                    "MB per gateway CPU s",
+                    "MB per gateway CPU s (range)",
                     "driver cores",
                     "answered / refused",
                     "checked",
@@ -375,6 +421,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tree", action="append", default=[], metavar="LABEL=PATH", help="another checkout to measure"
     )
+    parser.add_argument(
+        "--parsed-variant",
+        action="store_true",
+        help=f"also measure {PARSED_VARIANT}: new, its CPU stage passing no payloads to the pipelines",
+    )
     parser.add_argument("--frames", type=int, default=150, help="frames per timed run")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--write", action="store_true", help="update docs/BENCHMARKS.md")
@@ -384,8 +435,11 @@ def main(argv: list[str] | None = None) -> int:
     if code is not None:
         return code
     extra = [Tree(label, Path(path).resolve()) for label, _, path in (t.partition("=") for t in args.tree)]
-    trees = (Tree("old", args.old.resolve()), Tree("new", args.new.resolve()), *extra)
-    results = measure(trees, args.frames, args.repeats)
+    with tempfile.TemporaryDirectory(prefix="tensor-path-variant-") as variant:
+        if args.parsed_variant:
+            extra.append(parsed_variant(args.new.resolve(), Path(variant)))
+        trees = (Tree("old", args.old.resolve()), Tree("new", args.new.resolve()), *extra)
+        results = measure(trees, args.frames, args.repeats)
     report = render(results, trees, args)
     print(report)
     if args.json:
