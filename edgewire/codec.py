@@ -269,6 +269,10 @@ class FrameCodec:
 
     def decode_payload(self, envelope: pb.Envelope, body: Buffer) -> Message:
         """Decompress (bounded by the declared length) and parse frame 1 of a checked envelope."""
+        return self.decode_payload_bytes(envelope, body)[0]
+
+    def decode_payload_bytes(self, envelope: pb.Envelope, body: Buffer) -> tuple[Message, Buffer]:
+        """:meth:`decode_payload`, and the bytes it parsed (decompressed, or ``body`` itself)."""
         declared = envelope.uncompressed_length
         if envelope.codec == pb.CODEC_ZSTD:
             raw: Buffer = self._decompress(envelope, body)
@@ -286,7 +290,7 @@ class FrameCodec:
             raise FrameError(
                 pb.REJECT_REASON_RECORD_COUNT_MISMATCH, f"{count} records, declared {envelope.record_count}"
             )
-        return payload
+        return payload, raw
 
     def _decompress(self, envelope: pb.Envelope, body: Buffer) -> bytes:
         declared = envelope.uncompressed_length

@@ -240,8 +240,8 @@ class BudgetConfig(_Section):
     """
 
     enabled: bool = True
-    bytes_per_s: int = Field(default=64 << 20, ge=1)  # decompressed bytes per second, per agent
-    burst_bytes: int = Field(default=64 << 20, ge=1)  # bucket size; a new agent starts full
+    bytes_per_s: int = Field(default=256 << 20, ge=1)  # decompressed bytes per second, per agent
+    burst_bytes: int = Field(default=256 << 20, ge=1)  # bucket size; a new agent starts full
     # A zstd frame decompressing to more costs size x size / large_frame_bytes: at least the agents'
     # batching.max_bytes (1 MiB), so that only frames no agent sends pay more than their size.
     large_frame_bytes: int = Field(default=1 << 20, ge=1)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -22,8 +22,14 @@ from gateway.config import GatewayConfig
 from gateway.dedupe import DedupeWindow, RequestState, ResponseCache
 from gateway.dispatch.pool import PoolDispatcher
 from gateway.dispatch.work import WorkItem
+from gateway.frames.answers import TIER_WIRE, ResponseHeads
+from gateway.frames.groups import Screened
+from gateway.frames.route import route_frame
+from gateway.frames.wire import request_spans
 from gateway.ingress.auth import AgentAuthenticator
+from gateway.ingress.budget import BUDGETED_KINDS, OVER_BUDGET, AgentBudgets, over_budget_ack
 from gateway.ingress.carrier import CarrierIngress
+from gateway.ops.histograms import observe_many
 from gateway.ops.metrics import GatewayMetrics
 from gateway.replies import ReplyRouter
 from inference.profile import profile_of, wire_priority
@@ -42,7 +48,6 @@ delimiter), and over ``max_header_bytes`` it is not parsed, which is what that l
 KIND_LABELS = labels.MESSAGE_KIND
 STATUS_LABELS = labels.STATUS
 NACK_LABELS = labels.NACK
-TIER_WIRE = {"edge_device": pb.TIER_EDGE_DEVICE, "edge_server": pb.TIER_EDGE_SERVER, "cloud": pb.TIER_CLOUD}
 # How a routing rejection is told to the agent.
 _REJECT_NACKS: dict[Reason, pb.NackReason.ValueType] = {
     Reason.REJECT_OVERLOADED: pb.NACK_REASON_OVERLOADED,
@@ -121,6 +126,7 @@ class Ingest:
         self.epoch = time.time_ns()  # a new value each time the process starts
         self._retry_after_ms = config.replies.retry_after_ms
         self._reject_log = LogSampler(interval_s=1.0)
+        self.budgets = AgentBudgets(config.budget, clock)  # each agent's decompressed bytes and decode time
         metrics.dedupe_entries.set_function(lambda: len(self.dedupe))
         # Per-request counts of the frame being handled (cleared as each frame starts), added to the metrics
         # once per frame; keyed by the raw values (model name, enums), made label values once per key.
@@ -152,9 +158,24 @@ class Ingest:
             return
         frame = _Frame(carrier, routing_id, envelope, agent_id, region)
         kind = envelope.kind
-        self._replies.seen(
-            agent_id, carrier.name, routing_id, self._clock(), sent_us=envelope.sent_at_unix_us
-        )
+        now = self._clock()
+        self._replies.seen(agent_id, carrier.name, routing_id, now, sent_us=envelope.sent_at_unix_us)
+        budgeted = self.budgets.enabled and kind in BUDGETED_KINDS
+        inflated = envelope.uncompressed_length if envelope.codec == pb.CODEC_ZSTD else 0
+        if budgeted:
+            is_batch = kind == pb.MESSAGE_KIND_REQUEST_BATCH
+            wait_s = self.budgets.admit(agent_id, inflated, now, control=not is_batch)
+            if wait_s is not None:  # refused before decompression
+                # Counted and logged as every refusal; an empty envelope names no frame, so _reject sends
+                # no Ack of its own: the one here carries the retry-after.
+                self._reject(carrier, routing_id, b"", OVER_BUDGET, pb.Envelope())
+                if is_batch and self.budgets.tell(agent_id, wait_s, now):
+                    ack = over_budget_ack(envelope.message_id, wait_s)
+                    control = self._codec.encode(ack, agent_id=agent_id, region="hk", dict_id=0)
+                    self._replies.send_control(carrier, routing_id, control)
+                return
+        # The decode's cost is the loop thread's CPU time, not wall time: a busy host is not the agent's.
+        started = time.thread_time() if budgeted else 0.0
         if kind == pb.MESSAGE_KIND_PING:
             self._answer_ping(frame, body[1])
         elif kind == pb.MESSAGE_KIND_REQUEST_BATCH:
@@ -168,6 +189,8 @@ class Ingest:
                 body[0],
                 FrameError(pb.REJECT_REASON_UNEXPECTED_KIND, KIND_LABELS.get(kind, str(kind))),
             )
+        if budgeted:
+            self.budgets.charge(agent_id, inflated, time.thread_time() - started)
 
     # ------------------------------------------------------------------ identity
 
@@ -231,31 +254,49 @@ class Ingest:
         self._replies.send_control(frame.carrier, frame.routing_id, frames)
 
     def _payload(self, frame: _Frame, body: memoryview) -> Message | None:
+        decoded = self._decoded(frame, body)
+        return None if decoded is None else decoded[0]
+
+    def _decoded(self, frame: _Frame, body: memoryview) -> tuple[Message, memoryview] | None:
+        """The frame's payload message and the bytes it was parsed from; None when refused (answered)."""
         try:
-            return self._codec.decode_payload(frame.envelope, body)
+            message, raw = self._codec.decode_payload_bytes(frame.envelope, body)
         except FrameError as exc:
             self._reject(frame.carrier, frame.routing_id, b"", exc, frame.envelope)
             return None
+        return message, memoryview(raw)
 
     # ------------------------------------------------------------------ requests
 
     def _take_batch(self, frame: _Frame, body: memoryview) -> None:
-        batch = self._payload(frame, body)
-        if not isinstance(batch, pb.RequestBatch):
+        """A request batch, per frame: screened request by request (ids, duplicates, model, limits,
+        deadline, drain), then routed and queued per group of requests routing sees alike
+        (gateway/frames/groups.py), each group one slice of a pool queue; one Ack."""
+        decoded = self._decoded(frame, body)
+        if decoded is None or not isinstance(decoded[0], pb.RequestBatch):
             return
+        batch, payload = decoded
+        assert isinstance(batch, pb.RequestBatch)
         now = self._clock()
         wall_us = now_unix_us()
         # Counts of this frame only (a frame whose handling raised must not add to the next one's region).
         self._requests_seen.clear()
         self._decisions_made.clear()
         ack = pb.Ack(acked_message_id=frame.envelope.message_id)
-        signals: dict[str, PoolSignals] = {}  # filled on first use, updated as this frame fills queues
-        for request in batch.requests:
+        requests = batch.requests
+        screened = Screened()
+        kept: list[int] = []  # the screened requests' positions in the frame
+        for index, request in enumerate(requests):
             admitted = self._screen(frame, request, now, wall_us, ack)
-            if admitted is not None and self._queue(frame, request, *admitted, now, signals, ack):
-                self.dedupe.accept(request.request_id, now)
-                self._ask_on(frame, request.request_id, again=False)
-                ack.accepted_ids.append(request.request_id)
+            if admitted is not None:
+                screened.add(request, *admitted)
+                kept.append(index)
+        if screened:
+            # The requests' own bytes, for a CPU stage worker (found in the payload, not serialized again).
+            spans = request_spans(payload, requests)
+            if spans is not None and len(kept) != len(spans):
+                spans = [spans[index] for index in kept]
+            self._route(frame, screened, now, ack, spans)
         metrics = self._metrics
         metrics.child(metrics.accepted, frame.carrier.name).inc(len(ack.accepted_ids))
         region = metrics.region_label(frame.region)
@@ -267,6 +308,71 @@ class Ingest:
             metrics.dedupe_evicted.inc(self.dedupe.evicted_early - self._evicted_counted)
             self._evicted_counted = self.dedupe.evicted_early
         self._send(frame, ack)
+
+    def _route(
+        self, frame: _Frame, screened: Screened, now: float, ack: pb.Ack, spans: list[memoryview] | None
+    ) -> None:
+        """Route the screened requests per group (gateway/frames/route.py) and queue each group as one
+        slice of its pool's queue; nack what routing or a full queue refuses."""
+        signals = {name: pool.signals(now) for name, pool in self._pools.items()}
+        realtime: list[PoolDispatcher] = []
+        for decision, members in route_frame(self._policy.policy, screened, frame.region, signals):
+            self._decisions_made[(decision.tier, decision.pool, decision.reason)] += len(members)
+            if decision.rejected or decision.pool is None:
+                nack = _REJECT_NACKS.get(decision.reason, pb.NACK_REASON_OVERLOADED)
+                for index in members:
+                    self._nack(ack, screened.requests[index].request_id, nack, decision.reason)
+                continue
+            items = [self._item(frame, screened, index, now, decision, spans) for index in members]
+            pool = self._pools[decision.pool]
+            if pool.submit_many(items, now):
+                self._accepted(frame, items, ack)
+                if items[0].priority is Priority.REALTIME:
+                    realtime.append(pool)
+                continue
+            self._metrics.child(self._metrics.shed, decision.pool, "queue_full").inc(len(items))
+            for item in items:
+                self._nack(
+                    ack,
+                    item.request.request_id,
+                    pb.NACK_REASON_OVERLOADED,
+                    f"pool {decision.pool} queue full",
+                )
+        for pool in realtime:  # realtime requests are served now, not at the end of the loop tick
+            pool.dispatch_now()
+
+    def _item(
+        self,
+        frame: _Frame,
+        screened: Screened,
+        index: int,
+        now: float,
+        decision: Decision,
+        spans: list[memoryview] | None,
+    ) -> WorkItem:
+        remaining = screened.remaining[index]
+        return WorkItem(
+            screened.requests[index],
+            frame.agent_id,
+            frame.region,
+            frame.carrier.name,
+            screened.priorities[index],
+            now,
+            None if remaining is None else now + remaining,
+            decision,
+            screened.sizes[index][4],
+            raw=None if spans is None else spans[index],
+        )
+
+    def _accepted(self, frame: _Frame, items: list[WorkItem], ack: pb.Ack) -> None:
+        """The gateway owns these requests now: in the dedupe window, their carrier noted, in the Ack."""
+        accept, ask_on = self.dedupe.accept, self._ask_on
+        now = items[0].received
+        ids = [item.request.request_id for item in items]
+        for rid in ids:
+            accept(rid, now)
+            ask_on(frame, rid, again=False)
+        ack.accepted_ids.extend(ids)
 
     def _screen(
         self, frame: _Frame, request: pb.InferRequest, now: float, wall_us: int, ack: pb.Ack
@@ -305,46 +411,6 @@ class Ingest:
             self._nack(ack, rid, pb.NACK_REASON_DRAINING, "gateway is draining")
             return None
         return priority, remaining
-
-    def _queue(
-        self,
-        frame: _Frame,
-        request: pb.InferRequest,
-        priority: Priority,
-        remaining: float | None,
-        now: float,
-        signals: dict[str, PoolSignals],
-        ack: pb.Ack,
-    ) -> bool:
-        """Route a screened request and queue it on its pool; False when it was nacked instead."""
-        rid = request.request_id
-        if not signals:
-            signals.update({name: pool.signals(now) for name, pool in self._pools.items()})
-        profile = profile_of(request, priority, remaining, frame.region)
-        decision = self._policy.policy.decide(profile, signals)
-        self._decisions_made[(decision.tier, decision.pool, decision.reason)] += 1
-        if decision.rejected or decision.pool is None:
-            nack = _REJECT_NACKS.get(decision.reason, pb.NACK_REASON_OVERLOADED)
-            self._nack(ack, rid, nack, decision.reason)
-            return False
-        item = WorkItem(
-            request=request,
-            agent_id=frame.agent_id,
-            region=frame.region,
-            carrier=frame.carrier.name,
-            priority=priority,
-            received=now,
-            deadline=None if remaining is None else now + remaining,
-            decision=decision,
-            text_tokens=profile.text_tokens,
-        )
-        pool = self._pools[decision.pool]
-        if not pool.submit(item, now):
-            self._metrics.child(self._metrics.shed, decision.pool, "queue_full").inc()
-            self._nack(ack, rid, pb.NACK_REASON_OVERLOADED, f"pool {decision.pool} queue full")
-            return False
-        signals[decision.pool] = pool.signals_after_submit(signals[decision.pool])
-        return True
 
     def _count_decision(self, decision: Decision) -> None:
         self._metrics.child(
@@ -441,6 +507,46 @@ class Ingest:
                 self.responses.put(rid, data)
         asked_on = self._asked_on.pop(rid, (item.carrier, 0))[0]
         self._replies.respond(item.agent_id, data, asked_on)
+
+    def respond_ok(
+        self,
+        items: Sequence[WorkItem],
+        outputs: Sequence[bytes],
+        model: str,
+        version: str,
+        timing: pb.ServerTiming,
+        started: float,
+    ) -> None:
+        """Answer a served batch OK, per group: the requests of one frame and decision share every field
+        but their id and outputs, serialized once (gateway/frames/answers.py), and their metrics are
+        counted once per group; each answer is its id, the group's fields and its outputs."""
+        now = self._clock()
+        heads = ResponseHeads(model, version, timing, started, now)
+        metrics = self._metrics
+        cache = self.responses if self.responses.max_bytes else None
+        done, asked_on = self.dedupe.done, self._asked_on
+        outbox: dict[tuple[str, str], list[bytes]] = {}
+        for item, output in zip(items, outputs, strict=True):
+            if item.answered:
+                continue
+            item.answered = True
+            rid = item.request.request_id
+            data = heads.answer(item, rid, output)
+            done(rid)
+            if cache is not None:
+                cache.put(rid, data)
+            route = (item.agent_id, asked_on.pop(rid, (item.carrier, 0))[0])
+            answers = outbox.get(route)
+            if answers is None:
+                outbox[route] = [data]
+            else:
+                answers.append(data)
+        for (tier, pool), n in heads.counts.items():
+            metrics.child(metrics.responses, STATUS_LABELS[pb.STATUS_OK], tier, pool).inc(n)
+        for (tier, pool, elapsed), n in heads.latencies.items():
+            observe_many(metrics.child(metrics.latency, tier, pool), elapsed, n)
+        for (agent_id, carrier), answers in outbox.items():
+            self._replies.respond_many(agent_id, answers, carrier)
 
     def flush_replies(self) -> None:
         self._replies.flush()

@@ -127,6 +127,15 @@ class ReplyRouter:
         self._outbox.setdefault((agent_id, asked_on), []).append(response)
         self._schedule()
 
+    def respond_many(self, agent_id: str, responses: list[bytes], asked_on: str = "") -> None:
+        """:meth:`respond` for several responses to one agent asked for on one carrier."""
+        pending = self._outbox.get((agent_id, asked_on))
+        if pending is None:
+            self._outbox[(agent_id, asked_on)] = responses
+        else:
+            pending.extend(responses)
+        self._schedule()
+
     def _schedule(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True

@@ -214,6 +214,7 @@ class Gateway:
                     metrics=self.metrics,
                     cpu=cpu,
                     respond=ingest.respond,
+                    respond_ok=ingest.respond_ok,
                     reroute=ingest.reroute,
                     observe=self._observe_latency,
                     pipelines=declarations,

@@ -39,6 +39,55 @@ def request_kind(request: pb.InferRequest) -> RequestKind:
     return RequestKind.TENSOR
 
 
+Sizes = tuple[RequestKind, int, int, int, int, int, int]
+"""A request's kind and size fields as :class:`RequestProfile` holds them: (kind, candidates, feature
+width, text chars, text tokens, pixels, tensor elements)."""
+
+
+def sizes_of(request: pb.InferRequest) -> Sizes:
+    """What :func:`profile_of` reads from a request, without building the profile (the frame path reads it
+    for every request and builds profiles per group)."""
+    kind = request_kind(request)
+    if kind is RequestKind.RANKING:
+        ranking = request.ranking
+        width = ranking.candidate_feature_width + len(ranking.user_dense)
+        return kind, len(ranking.candidate_item_ids), width, 0, 0, 0, 0
+    if kind is RequestKind.TEXT:
+        text = request.text.text
+        return kind, 0, 0, len(text), estimated_tokens(text), 0, 0
+    if kind is RequestKind.IMAGE:
+        return kind, 0, 0, 0, 0, request.image.width * request.image.height, 0
+    elements = 0
+    for tensor in request.inputs:
+        count = 1
+        for dim in tensor.shape:
+            count *= max(int(dim), 0)
+        elements += count
+    return kind, 0, 0, 0, 0, 0, elements
+
+
+def profile_from(
+    request: pb.InferRequest, sizes: Sizes, priority: Priority, remaining_s: float | None, region: str
+) -> RequestProfile:
+    """The profile of ``request`` from its :func:`sizes_of` (equal to :func:`profile_of`'s)."""
+    kind, candidates, width, chars, tokens, pixels, elements = sizes
+    return RequestProfile(
+        kind=kind,
+        model=request.model_name,
+        model_version=request.model_version,
+        priority=priority,
+        remaining_deadline_s=remaining_s,
+        candidates=candidates,
+        feature_width=width,
+        text_chars=chars,
+        text_tokens=tokens,
+        pixels=pixels,
+        tensor_elements=elements,
+        client_hint=min(max(request.complexity_hint, 0.0), 1.0),
+        region=region,
+    )
+
+
 def profile_of(
     request: pb.InferRequest,
     priority: Priority,

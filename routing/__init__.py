@@ -14,7 +14,7 @@ from routing.config import (
 )
 from routing.geo import RegionResolver
 from routing.holder import PolicyHolder
-from routing.policy import TierPolicy
+from routing.policy import TierPolicy, Unproven
 from routing.regions import REGION_NAMES, REGIONS, UNKNOWN_REGION, Region
 from routing.types import (
     REJECT_REASONS,
@@ -48,6 +48,7 @@ __all__ = [
     "RoutingConfigError",
     "Tier",
     "TierPolicy",
+    "Unproven",
     "default_routing_config",
     "load_routing_config",
 ]

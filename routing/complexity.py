@@ -108,16 +108,36 @@ class ComplexityEstimator:
 
     def work(self, profile: RequestProfile) -> float:
         """Work units of the request under its kind's measure."""
-        kind = profile.kind
+        return self.work_of(
+            profile.kind,
+            profile.candidates,
+            profile.feature_width,
+            profile.text_chars,
+            profile.text_tokens,
+            profile.pixels,
+            profile.tensor_elements,
+        )
+
+    def work_of(
+        self,
+        kind: RequestKind,
+        candidates: int,
+        width: int,
+        chars: int,
+        tokens: int,
+        pixels: int,
+        elements: int,
+    ) -> float:
+        """:meth:`work` from the size fields themselves (a frame's columns, with no profile built)."""
         if kind is RequestKind.RANKING:
-            return float(profile.candidates * max(profile.feature_width, 1))
+            return float(candidates * max(width, 1))
         if kind is RequestKind.TEXT:
-            if profile.text_tokens > 0:
-                return float(profile.text_tokens)
-            return profile.text_chars / self._chars_per_token
+            if tokens > 0:
+                return float(tokens)
+            return chars / self._chars_per_token
         if kind is RequestKind.IMAGE:
-            return float(profile.pixels)
-        return float(profile.tensor_elements)
+            return float(pixels)
+        return float(elements)
 
     def size_bucket(self, profile: RequestProfile) -> int:
         """Power-of-two bucket of the request's work: the calibration key beside the model name."""

@@ -7,6 +7,7 @@ Both are pure functions of the profile, the signals, the config and the calibrat
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Mapping
 
@@ -30,6 +31,15 @@ def pool_latency(pool: PoolSpec, signals: PoolSignals, service_ref_s: float) -> 
     per_item = signals.ewma_latency_s if signals.ewma_latency_s > 0.0 else own
     concurrency = signals.concurrency if signals.concurrency > 0 else pool.concurrency
     return own + signals.queue_depth * per_item / concurrency
+
+
+class Unproven(enum.Enum):
+    """Why :meth:`TierPolicy.decide_range` gave no decision for a group."""
+
+    SCORES = "scores"
+    """The group's scores straddle a tier threshold, or its work two size buckets."""
+    POOLS = "pools"
+    """The pools' estimates, depths or the deadlines leave the choice open somewhere in the range."""
 
 
 class TierPolicy:
@@ -155,6 +165,90 @@ class TierPolicy:
         )
         return Decision(plan.remote_tier[rank], None, reject, score, None, bucket)
 
+    def decide_range(
+        self,
+        low: RequestProfile,
+        high: RequestProfile,
+        signals: Mapping[str, PoolSignals],
+        depth_high: Mapping[str, int],
+    ) -> Decision | Unproven:
+        """One decision that :meth:`decide` provably makes for every request of a group, or why not.
+
+        The group's requests share kind, model, version, priority and region; ``low`` and ``high`` bound
+        the rest field by field: work (``low`` holds the sizes of the least work, ``high`` of the most),
+        client hint and remaining deadline (both None or neither). Each pool's queue depth lies between
+        its ``signals`` depth and ``depth_high`` (what the frame being routed may add to it before a
+        member is decided). The frame path routes a group with one call instead of one per request.
+
+        Why it is exact: the score rises with work and hint (log scale, calibration blend and hint are
+        monotone; the calibrated estimate is per size bucket, so both ends must share one), hence so do
+        the service time and every pool's estimate, which also rises with its depth; a budget falls with
+        the deadline. So each pool's estimate over the group lies in [estimate at the low ends, at the high
+        ends]. When every pool is definitely feasible or definitely out (unhealthy, saturated, too slow)
+        over the whole range, and the chosen pool's worst estimate beats every rival's best (ties as
+        :meth:`decide` breaks them, by config order), :meth:`decide` picks that pool, tier and reason at
+        every point of the range. Anything less certain is :class:`Unproven`: ``SCORES`` when the group's
+        scores lie on both sides of a tier threshold or in two size buckets (its parts of one size each may
+        still be decided as one), ``POOLS`` when the pools' estimates leave it open (the caller decides
+        request by request).
+        ``score`` and ``est_latency_s`` of the result are the group's highest.
+        """
+        plan = self._plan(low)
+        score_lo, bucket = self._estimator.score(low, plan.cost_factor)
+        score_hi, bucket_hi = self._estimator.score(high, plan.cost_factor)
+        if bucket_hi != bucket:
+            return Unproven.SCORES
+        rank = _rank(score_lo, plan)
+        if _rank(score_hi, plan) != rank:
+            return Unproven.SCORES
+        if plan.empty_reason is not None:
+            return Decision(plan.remote_tier[rank], None, plan.empty_reason, score_hi, None, bucket)
+        tight, loose = low.remaining_deadline_s, high.remaining_deadline_s
+        if (tight is None) != (loose is None):
+            return Unproven.POOLS
+        budget_tight = budget_loose = math.inf
+        if tight is not None and loose is not None:
+            budget_tight, budget_loose = tight - self._slack, loose - self._slack
+            if budget_loose <= 0.0:
+                return Decision(plan.remote_tier[rank], None, Reason.REJECT_DEADLINE, score_hi, None, bucket)
+            if budget_tight <= 0.0:
+                return Unproven.POOLS
+        service_lo = self._estimator.service_time(low, score_lo, bucket)
+        service_hi = self._estimator.service_time(high, score_hi, bucket)
+        left: Reason | None = None
+        any_slow = any_saturated = False
+        for tier, pools in plan.order[rank]:
+            over = _over_range(
+                pools, signals, depth_high, (service_lo, service_hi), (budget_tight, budget_loose)
+            )
+            if over is None:
+                return Unproven.POOLS
+            feasible, slow, saturated = over
+            if feasible:
+                chosen = _always_best(feasible)
+                if chosen is None:
+                    return Unproven.POOLS
+                pool, _, est_hi = chosen
+                return Decision(tier, pool.name, left or plan.base_reason, score_hi, est_hi, bucket)
+            if left is None:
+                left = (
+                    Reason.DEADLINE
+                    if slow
+                    else Reason.SPILLOVER_SATURATED
+                    if saturated
+                    else Reason.SPILLOVER_UNHEALTHY
+                )
+            any_slow = any_slow or slow
+            any_saturated = any_saturated or saturated
+        reject = (
+            Reason.REJECT_DEADLINE
+            if any_slow
+            else Reason.REJECT_OVERLOADED
+            if any_saturated
+            else Reason.REJECT_UNAVAILABLE
+        )
+        return Decision(plan.remote_tier[rank], None, reject, score_hi, None, bucket)
+
     def estimate_latency(self, profile: RequestProfile, pool: str, signals: PoolSignals) -> float:
         """Estimated finish time of the request on the named pool, as :meth:`decide` computes it."""
         spec = self._pools[pool]
@@ -178,3 +272,57 @@ def _rank(score: float, plan: RoutePlan) -> int:
     if score < thresholds.cloud:
         return Tier.EDGE_SERVER.rank
     return Tier.CLOUD.rank
+
+
+def _over_range(
+    pools: tuple[PoolSpec, ...],
+    signals: Mapping[str, PoolSignals],
+    depth_high: Mapping[str, int],
+    service: tuple[float, float],
+    budget: tuple[float, float],
+) -> tuple[list[tuple[PoolSpec, float, float]], bool, bool] | None:
+    """A tier's pools over a group's range (service time low..high, budget tight..loose, each pool's
+    depth from its signals' to ``depth_high``): the definitely feasible ones with their estimate ranges,
+    whether one is definitely too slow, whether one is definitely saturated; None when a pool is
+    feasible at some points of the range and not at others."""
+    feasible: list[tuple[PoolSpec, float, float]] = []
+    slow = saturated = False
+    for pool in pools:
+        sig = signals.get(pool.name)
+        if sig is None or not sig.healthy:
+            continue
+        deepest = depth_high.get(pool.name, sig.queue_depth)
+        if sig.queue_depth >= pool.max_queue_depth:
+            saturated = True
+            continue
+        if deepest >= pool.max_queue_depth:
+            return None
+        est_lo = pool_latency(pool, sig, service[0])
+        est_hi = pool_latency(pool, _deeper(sig, deepest), service[1])
+        if est_lo > budget[1]:
+            slow = True
+        elif est_hi <= budget[0]:
+            feasible.append((pool, est_lo, est_hi))
+        else:
+            return None
+    return feasible, slow, saturated
+
+
+def _deeper(signals: PoolSignals, depth: int) -> PoolSignals:
+    if depth == signals.queue_depth:
+        return signals
+    return PoolSignals(depth, signals.ewma_latency_s, signals.healthy, signals.concurrency)
+
+
+def _always_best(
+    feasible: list[tuple[PoolSpec, float, float]],
+) -> tuple[PoolSpec, float, float] | None:
+    """The pool :meth:`TierPolicy.decide` picks among ``feasible`` (config order; estimate ranges) at every
+    point of the ranges: its worst estimate below the best of each pool before it (an equal estimate keeps
+    the earlier pool) and not above the best of each pool after it. None when no pool always wins."""
+    for i, (_, _, worst) in enumerate(feasible):
+        if all(worst < best for _, best, _ in feasible[:i]) and all(
+            worst <= best for _, best, _ in feasible[i + 1 :]
+        ):
+            return feasible[i]
+    return None

@@ -47,6 +47,8 @@ PRODUCERS = ("edgewire", "gateway", "inference", "routing", "service")
 """The packages whose code refuses frames and requests (the edge agent only reads the reasons)."""
 CURVE_ONLY = {"agent_mismatch", "unknown_agent"}
 """Frame refusals that need an authenticated connection: produced by the CURVE test below."""
+BUDGET_ONLY = {"over_budget"}
+"""Needs an agent over its cost budget: produced and answered by tests/gateway/test_budget.py."""
 
 
 # ---------------------------------------------------------------------------------------------- the doc
@@ -269,7 +271,7 @@ async def test_every_frame_refusal_is_produced_and_answered_as_documented(models
     """Each documented reason is counted once per frame; an Ack comes back exactly where the table says."""
     factories: dict[str, Callable[[], list[bytes]]] = hostile_kinds()
     cases = [(label, make()) for label, make in factories.items()] + list(extra_refusals())
-    assert {label for label, _ in cases} | CURVE_ONLY == sent_reject_labels()
+    assert {label for label, _ in cases} | CURVE_ONLY | BUDGET_ONLY == sent_reject_labels()
     async with (
         run_gateway(models_dir=models_dir, limits=LIMITS) as gw,
         WireClient(gw.endpoint("hgc"), agent_id="conformance") as agent,

@@ -146,6 +146,7 @@ class CpuStage:
         requests: Sequence[pb.InferRequest],
         *,
         in_worker: bool = False,
+        payloads: Sequence[memoryview | bytes] | None = None,
     ) -> Prepared:
         """The batch's input tensors; call :meth:`release` once the backend call that used them is over.
 
@@ -153,21 +154,26 @@ class CpuStage:
         worker process: the requests serialized into an arena slot, the tensors written back there.
         ``in_worker``: in a worker process whatever the batch (a retry of requests whose batch hung or
         killed a worker: there the task timeout applies again, and a crash takes only a worker down).
+        ``payloads``: the requests' serialized bytes where the caller has them (the frame they came in),
+        so a worker's batch is not serialized again, and here the pipelines that can read them in place
+        do (wire tensors: one copy into the batch, none for a batch of one, whose inputs are then read-only
+        views of the frame).
         """
         local = self._local(pipeline, requests, spec, in_worker)
         if local == "loop":
-            return worker.prepare_requests(pipeline, spec, requests)
+            return worker.prepare_requests(pipeline, spec, requests, payloads)
         if local == "thread":
-            return await self._in_thread(worker.prepare_requests, pipeline, spec, requests)
-        payloads = [request.SerializeToString() for request in requests]
+            return await self._in_thread(worker.prepare_requests, pipeline, spec, requests, payloads)
+        if payloads is None:
+            payloads = [request.SerializeToString() for request in requests]
         arena = self.arena
         slot = None if arena is None else arena.borrow()
         if arena is None or slot is None:
             if arena is not None:
                 self._metrics.child(self._metrics.cpu_arena_fallbacks, "no_free_slot").inc()
-            return await self._in_worker(worker.prepare_batch, pipeline, spec, payloads)
+            return await self._in_worker(worker.prepare_batch, pipeline, spec, [bytes(p) for p in payloads])
         lengths = arena.put_payloads(slot, payloads)
-        shipped = () if lengths is not None else payloads
+        shipped = () if lengths is not None else [bytes(p) for p in payloads]  # a pipe takes bytes
         prepared = await self._in_worker(
             worker.prepare_batch, pipeline, spec, shipped, slot, lengths or (), lent=slot
         )

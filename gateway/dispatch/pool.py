@@ -17,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Final, Literal, cast
 
 import structlog
 
@@ -25,6 +25,7 @@ from edgewire import labels, pb
 from gateway.config import PoolDispatch
 from gateway.dispatch.breaker import BreakerState, CircuitBreaker
 from gateway.dispatch.cpu import CpuStage, CpuTaskFailed
+from gateway.dispatch.eager import start_eagerly
 from gateway.dispatch.work import PRIORITY_ORDER, WorkItem
 from gateway.ops.metrics import GatewayMetrics
 from inference.backends.base import (
@@ -45,6 +46,9 @@ log = structlog.get_logger("gateway.dispatch")
 
 # (item, response fields, serialized outputs): the outputs come from the CPU stage already serialized.
 Respond = Callable[[WorkItem, pb.InferResponse, bytes], None]
+RespondOk = Callable[[Sequence[WorkItem], Sequence[bytes], str, str, pb.ServerTiming, float], None]
+"""(items, their serialized outputs, model, version, the batch's timing, when serving began): a served
+batch's OK answers, assembled per group by the caller (Ingest.respond_ok)."""
 Reroute = Callable[[WorkItem, str], bool]  # (item, failed pool) -> True when another pool took it
 Observe = Callable[[WorkItem, float], None]  # (item, service seconds): feeds routing's latency calibration
 Stage = Literal["prepare", "infer", "finish"]
@@ -95,29 +99,45 @@ class _Failed:
 
 @dataclass(slots=True)
 class _ModelQueue:
-    """Three FIFO lanes, one per priority class, for one (model, version)."""
+    """Three FIFO lanes, one per priority class, for one (model, version, size group). A lane holds slices
+    of frames (a frame's requests routed alike arrive as one list) and batches are cut from them: taking
+    ``n`` takes whole slices and splits the last one."""
 
-    lanes: tuple[deque[WorkItem], deque[WorkItem], deque[WorkItem]] = field(
+    lanes: tuple[deque[list[WorkItem]], deque[list[WorkItem]], deque[list[WorkItem]]] = field(
         default_factory=lambda: (deque(), deque(), deque())
     )
+    counts: list[int] = field(default_factory=lambda: [0, 0, 0])
 
     def __len__(self) -> int:
-        return len(self.lanes[0]) + len(self.lanes[1]) + len(self.lanes[2])
+        counts = self.counts
+        return counts[0] + counts[1] + counts[2]
+
+    def add(self, lane: int, items: list[WorkItem]) -> None:
+        self.lanes[lane].append(items)
+        self.counts[lane] += len(items)
 
     def head(self) -> WorkItem | None:
         for lane in self.lanes:
             if lane:
-                return lane[0]
+                return lane[0][0]
         return None
 
     def oldest_enqueued(self) -> float:
-        return min(lane[0].enqueued for lane in self.lanes if lane)
+        return min(lane[0][0].enqueued for lane in self.lanes if lane)
 
     def take(self, n: int) -> list[WorkItem]:
         out: list[WorkItem] = []
-        for lane in self.lanes:
+        for number, lane in enumerate(self.lanes):
             while lane and len(out) < n:
-                out.append(lane.popleft())
+                first = lane[0]
+                room = n - len(out)
+                if len(first) <= room:
+                    out.extend(lane.popleft())
+                    self.counts[number] -= len(first)
+                else:
+                    out.extend(first[:room])
+                    lane[0] = first[room:]
+                    self.counts[number] -= room
         return out
 
 
@@ -138,6 +158,7 @@ class PoolDispatcher:
         respond: Respond,
         reroute: Reroute,
         observe: Observe | None = None,
+        respond_ok: RespondOk | None = None,
         ewma_alpha: float = 0.2,
         pipelines: PipelineDeclarations | None = None,
     ) -> None:
@@ -152,6 +173,7 @@ class PoolDispatcher:
         self._respond = respond
         self._reroute = reroute
         self._observe = observe
+        self._respond_ok = respond_ok
         self._alpha = ewma_alpha
         self._pipelines = pipelines or PipelineDeclarations()
         # One queue per (model, version, size group); the size group is 0 unless padding makes it matter.
@@ -165,6 +187,7 @@ class PoolDispatcher:
         self._running = False
         self._stopped = False  # stop() was called: nothing new is queued (it would never be served)
         self._pass_scheduled = False
+        self._pass_handle: asyncio.Handle | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._ewma_item_s = 0.0
         self._max_batch = dispatch.max_batch_size if dispatch.batching else 1
@@ -209,31 +232,48 @@ class PoolDispatcher:
     def submit(self, item: WorkItem, now: float) -> bool:
         """Queue an item; False when the pool's queue is full (the caller answers OVERLOADED) or the pool
         is stopping (a batch failing during drain is not rerouted into a queue nobody serves)."""
-        if self._depth >= self.max_queue_depth or self._stopped:
+        return self.submit_many([item], now)
+
+    def submit_many(self, items: list[WorkItem], now: float) -> bool:
+        """Queue a slice of a frame: requests of one frame with one model, version and priority, in frame
+        order; all or none (False: the queue has no room for all of them, or the pool is stopping)."""
+        if self._depth + len(items) > self.max_queue_depth or self._stopped:
             return False
-        item.enqueued = now
-        key = (item.model, item.version, self._size_group(item))
-        queue = self._queues.get(key)
-        if queue is None:
-            queue = self._queues[key] = _ModelQueue()
-        queue.lanes[PRIORITY_ORDER[item.priority]].append(item)
-        self._depth += 1
+        first = items[0]
+        lane = PRIORITY_ORDER[first.priority]
+        model, version = first.model, first.version
+        padded = self._pads(first)
+        for item in items:
+            item.enqueued = now
+        if not padded:
+            self._queue_of((model, version, 0)).add(lane, items)
+        else:  # one slice per length bucket
+            buckets: dict[int, list[WorkItem]] = {}
+            for item in items:
+                buckets.setdefault(length_bucket(item.text_tokens), []).append(item)
+            for bucket, part in buckets.items():
+                self._queue_of((model, version, bucket)).add(lane, part)
+        self._depth += len(items)
         self._schedule_pass()
         return True
 
-    def _size_group(self, item: WorkItem) -> int:
-        """For a model whose pipeline pads (text), the length bucket it will likely pad to, else 0.
+    def _queue_of(self, key: tuple[str, str, int]) -> _ModelQueue:
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = _ModelQueue()
+        return queue
+
+    def _pads(self, item: WorkItem) -> bool:
+        """Whether the item's model queues per length bucket: a model whose pipeline pads (text).
 
         Text is padded to the batch's longest sequence; a 3-token query batched with a 120-token
         description is sent as 128 tokens. Requests queue per bucket, so one batch holds one bucket;
         hkgw_padding_waste_ratio shows what is left.
         """
         if not self.dispatch.group_by_size or not item.text_tokens:  # not text: no spec to look up
-            return 0
+            return False
         spec = self._spec(item.model, item.version)
-        if spec is None or spec.pipeline not in PADDED_PIPELINES:
-            return 0
-        return length_bucket(item.text_tokens)
+        return spec is not None and spec.pipeline in PADDED_PIPELINES
 
     def _spec(self, model: str, version: str) -> ModelSpec | None:
         """The backend's spec of the model, with the gateway's ``[pipelines.<model>]`` declaration applied."""
@@ -312,7 +352,16 @@ class PoolDispatcher:
     def _schedule_pass(self) -> None:
         if self._running and not self._pass_scheduled and self._loop is not None:
             self._pass_scheduled = True
-            self._loop.call_soon(self._batch_pass)
+            self._pass_handle = self._loop.call_soon(self._batch_pass)
+
+    def dispatch_now(self) -> None:
+        """Cut and start what is ready now instead of at the end of this loop tick: the frame path calls
+        it for a realtime request, so that one alone in its frame is served before its Ack is sent."""
+        if self._pass_scheduled:
+            if self._pass_handle is not None:
+                self._pass_handle.cancel()
+                self._pass_handle = None
+            self._batch_pass()
 
     def _batch_pass(self) -> None:
         """Cut and start every batch that is ready while a concurrency slot is free; when the first queue
@@ -339,9 +388,14 @@ class PoolDispatcher:
                 self._queues.pop(key, None)
             live = self._expire(items, time.monotonic())
             if live:
-                task = asyncio.create_task(self._serve(live), name=f"batch-{self.name}")
-                self._inflight.add(task)
-                task.add_done_callback(self._finished)
+                # Served at once, here: a batch whose every step runs on the loop is answered before this
+                # returns; one that waits (a worker, a thread, a remote backend) goes on as a task.
+                started = start_eagerly(self._serve(live), name=f"batch-{self.name}")
+                if isinstance(started, asyncio.Task):
+                    self._inflight.add(started)
+                    started.add_done_callback(self._finished)
+                elif started.error is not None:
+                    log.error("batch task failed", pool=self.name, exc_info=started.error)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._inflight.discard(task)
@@ -405,7 +459,11 @@ class PoolDispatcher:
         requests = [item.request for item in items]
         t_pre = time.perf_counter()
         try:
-            prepared = await self._cpu.prepare(spec.pipeline, spec, requests, in_worker=retried)
+            raw = [item.raw for item in items]
+            payloads = None if None in raw else cast(list[memoryview], raw)
+            prepared = await self._cpu.prepare(
+                spec.pipeline, spec, requests, in_worker=retried, payloads=payloads
+            )
         except Exception as exc:  # noqa: BLE001  (answered: by _cpu_failed, or apart)
             return self._cpu_failed(items, "prepare", exc, retried)
         t_infer = time.perf_counter()
@@ -601,12 +659,20 @@ class PoolDispatcher:
         started: float,
     ) -> None:
         now = time.monotonic()
+        on_time: list[WorkItem] = []
+        kept: list[bytes] = []
         for item, output_bytes in zip(items, outputs, strict=True):
             if item.deadline is not None and item.deadline < now:
                 # A late answer is no answer: the caller has given up on it.
                 self._metrics.child(self._metrics.shed, self.name, "late").inc()
                 self._answer_status(item, "DEADLINE_EXCEEDED", "deadline passed during inference")
                 continue
+            on_time.append(item)
+            kept.append(output_bytes)
+        if self._respond_ok is not None:
+            self._respond_ok(on_time, kept, model, version, timing, started)
+            return
+        for item, output_bytes in zip(on_time, kept, strict=True):
             response = pb.InferResponse(
                 request_id=item.request.request_id,
                 status=pb.STATUS_OK,

@@ -83,7 +83,7 @@ class FeatureArena:
         self._free.append(slot.index)
         self._free.sort(reverse=True)
 
-    def put_payloads(self, slot: Slot, payloads: Sequence[bytes]) -> tuple[int, ...] | None:
+    def put_payloads(self, slot: Slot, payloads: Sequence[bytes | memoryview]) -> tuple[int, ...] | None:
         """Copy a batch's serialized requests to the start of ``slot`` for the worker to read; their
         lengths, or None when they would take more than half the slot (they then travel by pipe)."""
         lengths = tuple(map(len, payloads))

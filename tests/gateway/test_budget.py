@@ -218,9 +218,9 @@ def test_the_defaults_never_refuse_honest_frames_of_100_at_20k_records_a_second(
     assert refused == 0
 
 
-def test_the_defaults_hold_a_bomb_flood_to_one_frame_in_16_seconds() -> None:
-    """185 frames/s declaring 32 MiB each for 30 s: each costs 32 x its size (a GiB) at 64 MiB/s, so two
-    are decompressed, not 5,550; the rest are refused with a retry-after no longer than that refill."""
+def test_the_defaults_hold_a_bomb_flood_to_one_frame_in_4_seconds() -> None:
+    """185 frames/s declaring 32 MiB each for 30 s: each costs 32 x its size (a GiB) at 256 MiB/s, so
+    eight are decompressed, not 5,550; the rest are refused with a retry-after no longer than that refill."""
     clock = FakeClock()
     config = BudgetConfig()
     b = AgentBudgets(config, clock)
@@ -233,8 +233,8 @@ def test_the_defaults_hold_a_bomb_flood_to_one_frame_in_16_seconds() -> None:
             b.charge("bomber", 32 * MIB, 0.015)
         else:
             waits.append(wait)
-    assert admitted == 1 + math.floor(30 * config.bytes_per_s / b.cost(32 * MIB)) == 2
-    assert max(waits) <= b.cost(32 * MIB) / config.bytes_per_s == 16.0
+    assert admitted == 1 + math.floor(30 * config.bytes_per_s / b.cost(32 * MIB)) == 8
+    assert max(waits) <= b.cost(32 * MIB) / config.bytes_per_s == 4.0
 
 
 def test_bad_budget_values_name_their_key() -> None:

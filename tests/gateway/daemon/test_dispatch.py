@@ -107,16 +107,16 @@ class Peaks:
         self.depth = self.inflight = self.calls = 0
         self._pools = list(gw.pools.values())
         for pool in self._pools:
-            monkeypatch.setattr(pool, "submit", self._submit(pool))
+            monkeypatch.setattr(pool, "submit_many", self._submit(pool))
         for name in ("embedded", "gpu"):
             wrapped = backend(gw, name)
             monkeypatch.setattr(wrapped, "infer", self._infer(wrapped))
 
-    def _submit(self, pool: PoolDispatcher) -> Callable[[WorkItem, float], bool]:
-        real = pool.submit
+    def _submit(self, pool: PoolDispatcher) -> Callable[[list[WorkItem], float], bool]:
+        real = pool.submit_many
 
-        def submit(item: WorkItem, now: float) -> bool:
-            taken = real(item, now)
+        def submit(items: list[WorkItem], now: float) -> bool:
+            taken = real(items, now)
             self.depth = max(self.depth, pool.depth)
             return taken
 
