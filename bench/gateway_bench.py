@@ -199,6 +199,12 @@ class Tracker:
         else:
             decoded = self.codec.decode(frames)
             if isinstance(decoded.payload, pb.Ack):  # refused requests are done too, and counted apart
+                if decoded.payload.frame_reject:  # the whole frame refused (e.g. over_budget): all of it
+                    refused = [r for r, f in self.frame_of.items() if f == decoded.payload.acked_message_id]
+                    self.nacks[pb.RejectReason.Name(decoded.payload.frame_reject)] += len(refused)
+                    for rid in refused:
+                        self._complete(rid)
+                    return
                 ids = [n.request_id for n in decoded.payload.nacks]
                 self.nacks.update(pb.NackReason.Name(n.reason) for n in decoded.payload.nacks)
                 for rid in ids:

@@ -174,8 +174,6 @@ class Ingest:
                     control = self._codec.encode(ack, agent_id=agent_id, region="hk", dict_id=0)
                     self._replies.send_control(carrier, routing_id, control)
                 return
-        # The decode's cost is the loop thread's CPU time, not wall time: a busy host is not the agent's.
-        started = time.thread_time() if budgeted else 0.0
         if kind == pb.MESSAGE_KIND_PING:
             self._answer_ping(frame, body[1])
         elif kind == pb.MESSAGE_KIND_REQUEST_BATCH:
@@ -189,8 +187,6 @@ class Ingest:
                 body[0],
                 FrameError(pb.REJECT_REASON_UNEXPECTED_KIND, KIND_LABELS.get(kind, str(kind))),
             )
-        if budgeted:
-            self.budgets.charge(agent_id, inflated, time.thread_time() - started)
 
     # ------------------------------------------------------------------ identity
 
@@ -258,12 +254,23 @@ class Ingest:
         return None if decoded is None else decoded[0]
 
     def _decoded(self, frame: _Frame, body: memoryview) -> tuple[Message, memoryview] | None:
-        """The frame's payload message and the bytes it was parsed from; None when refused (answered)."""
+        """The frame's payload message and the bytes it was parsed from; None when refused (answered).
+
+        What decompressing and parsing cost is charged to the agent's budget, a refusal's too: the loop
+        thread's CPU time, not wall time (a busy host is not the agent's doing). Only that: the screening,
+        routing and serving that follow are the gateway's work for the requests, not the frame's cost."""
+        envelope = frame.envelope
+        budgeted = self.budgets.enabled and envelope.kind in BUDGETED_KINDS
+        started = time.thread_time() if budgeted else 0.0
         try:
-            message, raw = self._codec.decode_payload_bytes(frame.envelope, body)
+            message, raw = self._codec.decode_payload_bytes(envelope, body)
         except FrameError as exc:
-            self._reject(frame.carrier, frame.routing_id, b"", exc, frame.envelope)
+            self._reject(frame.carrier, frame.routing_id, b"", exc, envelope)
             return None
+        finally:
+            if budgeted:
+                inflated = envelope.uncompressed_length if envelope.codec == pb.CODEC_ZSTD else 0
+                self.budgets.charge(frame.agent_id, inflated, time.thread_time() - started)
         return message, memoryview(raw)
 
     # ------------------------------------------------------------------ requests

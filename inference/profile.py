@@ -67,24 +67,30 @@ def sizes_of(request: pb.InferRequest) -> Sizes:
 
 
 def profile_from(
-    request: pb.InferRequest, sizes: Sizes, priority: Priority, remaining_s: float | None, region: str
+    request: pb.InferRequest,
+    sizes: Sizes,
+    priority: Priority,
+    remaining_s: float | None,
+    region: str,
+    hint: float | None = None,
 ) -> RequestProfile:
-    """The profile of ``request`` from its :func:`sizes_of` (equal to :func:`profile_of`'s)."""
+    """The profile of ``request`` from its :func:`sizes_of` (equal to :func:`profile_of`'s); ``hint``:
+    another client hint in its place (a group's bound)."""
     kind, candidates, width, chars, tokens, pixels, elements = sizes
     return RequestProfile(
-        kind=kind,
-        model=request.model_name,
-        model_version=request.model_version,
-        priority=priority,
-        remaining_deadline_s=remaining_s,
-        candidates=candidates,
-        feature_width=width,
-        text_chars=chars,
-        text_tokens=tokens,
-        pixels=pixels,
-        tensor_elements=elements,
-        client_hint=min(max(request.complexity_hint, 0.0), 1.0),
-        region=region,
+        kind,
+        request.model_name,
+        request.model_version,
+        priority,
+        remaining_s,
+        candidates,
+        width,
+        chars,
+        tokens,
+        pixels,
+        elements,
+        min(max(request.complexity_hint, 0.0), 1.0) if hint is None else hint,
+        region,
     )
 
 

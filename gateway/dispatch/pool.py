@@ -27,6 +27,7 @@ from gateway.dispatch.breaker import BreakerState, CircuitBreaker
 from gateway.dispatch.cpu import CpuStage, CpuTaskFailed
 from gateway.dispatch.eager import start_eagerly
 from gateway.dispatch.work import PRIORITY_ORDER, WorkItem
+from gateway.ops.histograms import observe_many
 from gateway.ops.metrics import GatewayMetrics
 from inference.backends.base import (
     Backend,
@@ -405,8 +406,11 @@ class PoolDispatcher:
 
     def _expire(self, items: list[WorkItem], now: float) -> list[WorkItem]:
         waited = self._metrics.child(self._metrics.queue_wait, self.name)
+        enqueued: dict[float, int] = {}  # a frame's slice was queued at one time: one observation per slice
         for item in items:
-            waited.observe(now - item.enqueued)
+            enqueued[item.enqueued] = enqueued.get(item.enqueued, 0) + 1
+        for at, n in enqueued.items():
+            observe_many(waited, now - at, n)
         return self._unexpired(items, now)
 
     def _unexpired(self, items: list[WorkItem], now: float) -> list[WorkItem]:

@@ -10,7 +10,7 @@ into one decision valid for all of them, or refuses to.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from edgewire import pb
 from inference.profile import Sizes, profile_from, sizes_of
@@ -128,14 +128,22 @@ class Screened:
     def bounds(self, group: Group, region: str) -> tuple[RequestProfile, RequestProfile]:
         """The group's low and high profiles for :meth:`routing.TierPolicy.decide_range`."""
         has_deadline = self.remaining[group.members[0]] is not None
-        low = replace(
-            self.profile(group.least, region),
-            client_hint=group.hint_low,
-            remaining_deadline_s=group.deadline_low if has_deadline else None,
+        low, high = group.least, group.most
+        return (
+            profile_from(
+                self.requests[low],
+                self.sizes[low],
+                self.priorities[low],
+                group.deadline_low if has_deadline else None,
+                region,
+                group.hint_low,
+            ),
+            profile_from(
+                self.requests[high],
+                self.sizes[high],
+                self.priorities[high],
+                group.deadline_high if has_deadline else None,
+                region,
+                group.hint_high,
+            ),
         )
-        high = replace(
-            self.profile(group.most, region),
-            client_hint=group.hint_high,
-            remaining_deadline_s=group.deadline_high if has_deadline else None,
-        )
-        return low, high

@@ -10,7 +10,6 @@ before frames were routed per group; tests/gateway/test_frame_route.py holds the
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 
 from gateway.frames.groups import Screened
 from routing.policy import TierPolicy, Unproven
@@ -31,6 +30,8 @@ def route_frame(
     that may be missed within the frame) is routed request by request, in frame order, with the depths
     the requests before each one leave (:func:`_in_order`).
     """
+    if len(screened) == 1:  # a lone request (the realtime fast path): its own decision, nothing to group
+        return [(policy.decide(screened.profile(0, region), signals), [0])]
     deepest = {name: sig.queue_depth + len(screened) for name, sig in signals.items()}
     decided: Routed = []
     in_order: list[int] = []
@@ -80,7 +81,7 @@ def _in_order(
         upcoming = next(todo, None)
         for name, sig in seen.items():
             if sig.queue_depth != depth[name]:
-                seen[name] = replace(sig, queue_depth=depth[name])
+                seen[name] = PoolSignals(depth[name], sig.ewma_latency_s, sig.healthy, sig.concurrency)
         decision = policy.decide(screened.profile(index, region), seen)
         if decision.pool is not None and not decision.rejected:
             depth[decision.pool] += 1

@@ -1,12 +1,10 @@
 """Where each request of a RequestBatch lies in the payload it was parsed from.
 
-The CPU stage's workers take a batch's requests as bytes. They are the bytes the frame brought: a
-request's encoding is found in the payload instead of serialized again. A RequestBatch holds nothing but
-field 1 (requests), each a tag byte, a varint length and the request. Protobuf's encoding of a message is
-never shorter than ``ByteSize()`` (the canonical size); so when the canonical sizes with their headers add
-up to the payload's length exactly, every request is encoded canonically, back to back, at the offsets the
-sizes give. Anything else (unknown fields, a sender's non-canonical encoding) is answered None and the
-requests are serialized as before.
+The CPU stage's workers take a batch's requests as bytes, and the tensor pipeline reads tensors in place:
+both get the bytes the frame brought, found in the payload (edgewire/scan.py walks its fields as views)
+instead of serialized again. A RequestBatch holds nothing but field 1 (requests), one length-delimited
+field per request, in order; a payload that holds anything else, or a different number of them than the
+parse found, is answered None (the requests are then serialized as before).
 """
 
 from __future__ import annotations
@@ -14,28 +12,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from edgewire import pb
+from edgewire.scan import WireScanError, field_spans
 
-_TAG = 0x0A  # field 1, length-delimited
-
-
-def _varint_size(value: int) -> int:
-    size = 1
-    while value >= 0x80:
-        value >>= 7
-        size += 1
-    return size
+_REQUESTS = pb.RequestBatch.DESCRIPTOR.fields_by_name["requests"].number
+_LEN = 2
 
 
 def request_spans(payload: memoryview, requests: Sequence[pb.InferRequest]) -> list[memoryview] | None:
     """Each request's own bytes within ``payload`` (views, no copies), or None when they cannot be told."""
+    try:
+        found = field_spans(payload)
+    except WireScanError:
+        return None
+    if len(found) != len(requests):
+        return None
     spans: list[memoryview] = []
-    cursor = 0
-    end = len(payload)
-    for request in requests:
-        size = request.ByteSize()
-        start = cursor + 1 + _varint_size(size)
-        if start + size > end or payload[cursor] != _TAG:
+    for number, kind, _, start, stop in found:
+        if number != _REQUESTS or kind != _LEN:
             return None
-        spans.append(payload[start : start + size])
-        cursor = start + size
-    return spans if cursor == end else None
+        spans.append(payload[start:stop])
+    return spans

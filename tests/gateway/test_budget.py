@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -348,3 +349,31 @@ async def test_during_a_full_rate_bomb_flood_another_agent_is_served(models_dir:
         assert len(told) == TOLD_PER_HOLD
     assert [r.request_id for r in answers] == [r.request_id for r in victims]
     assert all(r.status == pb.STATUS_OK for r in answers)
+
+
+async def test_only_the_decode_is_charged_not_the_serving_that_follows(
+    models_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lone realtime requests are served inside the frame's handling (the fast path): a frame whose
+    requests cost the loop 30 ms each after the decode must not run its agent into decode debt. With the
+    serving charged too (as it once was), the 0.05 s budget below refuses this agent from its third frame
+    on; charged the decode alone, all 10 frames are taken."""
+    async with run_gateway(
+        models_dir=models_dir, budget={"decode_s_per_s": 0.001, "burst_decode_s": 0.05}
+    ) as gw:
+        take = gw.ingest._take_batch
+
+        def costly(*args: Any) -> None:
+            take(*args)
+            spin = time.thread_time() + 0.03
+            while time.thread_time() < spin:
+                pass
+
+        monkeypatch.setattr(gw.ingest, "_take_batch", costly)
+        async with WireClient(gw.endpoint("hgc"), agent_id="busy") as agent:
+            for request in synthetic(10, seed=91):
+                request.priority = pb.PRIORITY_CLASS_REALTIME
+                ack = await agent.wait_ack(await agent.send([request]))
+                assert ack.frame_reject == pb.REJECT_REASON_UNSPECIFIED, ack.frame_reject_detail
+                assert list(ack.accepted_ids) == [request.request_id]
+        assert rejected(gw, "hgc", "over_budget") == 0

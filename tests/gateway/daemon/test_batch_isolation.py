@@ -136,16 +136,20 @@ async def test_a_stage_raising_on_one_request_fails_that_request_alone(
     the breaker stays closed. Each split is counted (8 -> 4 -> 2 -> 1: three)."""
     if stage == "prepare":
 
-        def prepare(pipeline: str, spec: ModelSpec, requests: Sequence[pb.InferRequest]) -> Prepared:
+        def prepare(
+            pipeline: str, spec: ModelSpec, requests: Sequence[pb.InferRequest], payloads: Any = None
+        ) -> Prepared:
             if _poisoned(requests):
                 raise ValueError("injected: prepare fails on this batch")
-            return prepare_requests(pipeline, spec, requests)
+            return prepare_requests(pipeline, spec, requests, payloads)
 
         monkeypatch.setattr(worker_module, "prepare_requests", prepare)
     elif stage == "finish":
 
-        def marked(pipeline: str, spec: ModelSpec, requests: Sequence[pb.InferRequest]) -> Prepared:
-            prepared = prepare_requests(pipeline, spec, requests)
+        def marked(
+            pipeline: str, spec: ModelSpec, requests: Sequence[pb.InferRequest], payloads: Any = None
+        ) -> Prepared:
+            prepared = prepare_requests(pipeline, spec, requests, payloads)
             if _poisoned(requests):
                 prepared.extras[POISON] = np.ones(1)  # what finish sees of the requests
             return prepared

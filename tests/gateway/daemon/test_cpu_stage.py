@@ -246,9 +246,11 @@ async def test_each_batch_runs_where_it_costs_least(monkeypatch: pytest.MonkeyPa
     ran: list[tuple[str, str]] = []
     original = worker_module.prepare_requests
 
-    def recording(pipeline: str, spec: ModelSpec, requests: Sequence[pb.InferRequest]) -> Prepared:
+    def recording(
+        pipeline: str, spec: ModelSpec, requests: Sequence[pb.InferRequest], payloads: Any = None
+    ) -> Prepared:
         ran.append((pipeline, threading.current_thread().name))
-        return original(pipeline, spec, requests)
+        return original(pipeline, spec, requests, payloads)
 
     monkeypatch.setattr(worker_module, "prepare_requests", recording)
     vision = ModelSpec(
