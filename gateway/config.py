@@ -194,7 +194,11 @@ class CpuConfig(_Section):
 
     mode: Literal["process", "thread"] = "process"
     workers: int = Field(default=0, ge=0)  # 0 = every core but one, at least one
-    inline_max_requests: int = Field(default=4, ge=0)  # smaller batches skip the IPC round trip
+    # Smaller batches skip the IPC round trip. 32: a worker round trip costs the loop about what the
+    # pipeline of such a batch of short texts or small ranking requests costs there, and the worker's CPU
+    # on top (bench/frame_path.py's frames: 291-321 us of gateway CPU per record with 4, 234-241 with 32,
+    # the loop's own share within 20 us).
+    inline_max_requests: int = Field(default=32, ge=0)
     # Shared memory for prepared tensors (process mode): slots x slot_mb; 0 slots = through the pipe.
     arena_slots: int = Field(default=8, ge=0, le=256)
     arena_slot_mb: int = Field(default=8, ge=1, le=256)

@@ -322,7 +322,6 @@ class Ingest:
         """Route the screened requests per group (gateway/frames/route.py) and queue each group as one
         slice of its pool's queue; nack what routing or a full queue refuses."""
         signals = {name: pool.signals(now) for name, pool in self._pools.items()}
-        realtime: list[PoolDispatcher] = []
         for decision, members in route_frame(self._policy.policy, screened, frame.region, signals):
             self._decisions_made[(decision.tier, decision.pool, decision.reason)] += len(members)
             if decision.rejected or decision.pool is None:
@@ -334,8 +333,6 @@ class Ingest:
             pool = self._pools[decision.pool]
             if pool.submit_many(items, now):
                 self._accepted(frame, items, ack)
-                if items[0].priority is Priority.REALTIME:
-                    realtime.append(pool)
                 continue
             self._metrics.child(self._metrics.shed, decision.pool, "queue_full").inc(len(items))
             for item in items:
@@ -345,8 +342,6 @@ class Ingest:
                     pb.NACK_REASON_OVERLOADED,
                     f"pool {decision.pool} queue full",
                 )
-        for pool in realtime:  # realtime requests are served now, not at the end of the loop tick
-            pool.dispatch_now()
 
     def _item(
         self,

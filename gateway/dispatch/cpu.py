@@ -64,7 +64,7 @@ class CpuStage:
         mode: CpuMode,
         metrics: GatewayMetrics,
         *,
-        inline_max_requests: int = 4,
+        inline_max_requests: int = 32,
         arena_slots: int = 0,
         arena_slot_bytes: int = 8 << 20,
         task_timeout_s: float = 0.0,

@@ -188,7 +188,6 @@ class PoolDispatcher:
         self._running = False
         self._stopped = False  # stop() was called: nothing new is queued (it would never be served)
         self._pass_scheduled = False
-        self._pass_handle: asyncio.Handle | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._ewma_item_s = 0.0
         self._max_batch = dispatch.max_batch_size if dispatch.batching else 1
@@ -353,16 +352,7 @@ class PoolDispatcher:
     def _schedule_pass(self) -> None:
         if self._running and not self._pass_scheduled and self._loop is not None:
             self._pass_scheduled = True
-            self._pass_handle = self._loop.call_soon(self._batch_pass)
-
-    def dispatch_now(self) -> None:
-        """Cut and start what is ready now instead of at the end of this loop tick: the frame path calls
-        it for a realtime request, so that one alone in its frame is served before its Ack is sent."""
-        if self._pass_scheduled:
-            if self._pass_handle is not None:
-                self._pass_handle.cancel()
-                self._pass_handle = None
-            self._batch_pass()
+            self._loop.call_soon(self._batch_pass)
 
     def _batch_pass(self) -> None:
         """Cut and start every batch that is ready while a concurrency slot is free; when the first queue
