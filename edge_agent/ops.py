@@ -225,6 +225,12 @@ class AgentCollector:
             stats.late_responses,
         )
         yield _counter(
+            "over_budget_holds",
+            "over_budget refusals from Hong Kong: each held this agent's new frames to that gateway back for "
+            "the retry-after it named",
+            stats.over_budget_holds,
+        )
+        yield _counter(
             "gateway_reexecutions", "Accepted requests resent after a gateway restart", stats.re_executions
         )
         yield _counters(

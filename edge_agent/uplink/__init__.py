@@ -25,10 +25,16 @@ its timers), ``send_queue`` (what the next frame carries), ``refusals`` (what a 
 from edge_agent.uplink.carriers import Carrier
 from edge_agent.uplink.link import Uplink, UplinkStats
 from edge_agent.uplink.outstanding import Outstanding, OutstandingTable
-from edge_agent.uplink.refusals import FINAL_NACK_STATUS, RESENDABLE_REJECTS, RETRYABLE_NACKS
+from edge_agent.uplink.refusals import (
+    FINAL_NACK_STATUS,
+    HANDLED_REJECTS,
+    RESENDABLE_REJECTS,
+    RETRYABLE_NACKS,
+)
 
 __all__ = [
     "FINAL_NACK_STATUS",
+    "HANDLED_REJECTS",
     "RESENDABLE_REJECTS",
     "RETRYABLE_NACKS",
     "Carrier",

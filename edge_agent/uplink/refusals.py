@@ -21,6 +21,9 @@ RESENDABLE_REJECTS: Final = frozenset(
         pb.REJECT_REASON_TOO_MANY_RECORDS,
     }
 )
+HANDLED_REJECTS: Final = RESENDABLE_REJECTS | {pb.REJECT_REASON_OVER_BUDGET}
+"""Frame refusals the agent deals with itself (split, resent, or held back and resent): nothing for an
+operator to fix on the agent; every other refusal fails the frame's requests."""
 OVER_BUDGET_WAIT_MS: Final = 500
 """The wait after an ``over_budget`` refusal that names none (a gateway's ``frame_retry_after_ms`` is 0): its
 default retry-after for other refusals."""

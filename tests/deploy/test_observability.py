@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 
 from edge_agent.agent import EdgeAgent
-from edge_agent.uplink import RESENDABLE_REJECTS
+from edge_agent.uplink import HANDLED_REJECTS
 from edgewire import labels
 from gateway.testing import run_gateway, wait_for
 from tests.edge_agent.conftest import agent_config
@@ -52,11 +52,11 @@ def test_every_alert_has_a_unit_test() -> None:
 
 def test_frames_refused_alert_leaves_out_exactly_what_the_agent_resends() -> None:
     """EdgeFramesRefused pages on refusals resending cannot fix: its excluded reasons are the agent's
-    RESENDABLE_REJECTS (split or resent by the agent itself), no more, no fewer."""
+    HANDLED_REJECTS (split, resent, or held back and resent by the agent itself), no more, no fewer."""
     rules = (DEPLOY / "prometheus" / "rules" / "hk-edge.rules.yml").read_text()
     match = re.search(r'edge_frames_rejected_total\{reason!~"([a-z_|]+)"\}', rules)
     assert match, "EdgeFramesRefused expression not found"
-    assert set(match.group(1).split("|")) == {labels.REJECT[r] for r in RESENDABLE_REJECTS}
+    assert set(match.group(1).split("|")) == {labels.REJECT[r] for r in HANDLED_REJECTS}
 
 
 def test_committed_dashboard_is_what_the_generator_writes() -> None:
