@@ -15,6 +15,7 @@ import zmq.asyncio
 
 from edge_agent.agent import EdgeAgent
 from edge_agent.client import EdgeClient
+from edge_agent.ops import AgentCollector
 from edge_agent.synthetic import SyntheticTraffic
 from edgewire import FrameCodec, pb
 from gateway.testing import run_gateway, wait_for
@@ -108,6 +109,13 @@ async def test_an_over_budget_frame_is_resent_after_the_retry_after_and_new_fram
             asking = asyncio.create_task(client.infer_many([first], deadline_s=20))
             await wait_for(lambda: uplink.stats.over_budget_holds == 1, what="the refusal reached the agent")
             answers = await asyncio.gather(asking, client.infer_many([later], deadline_s=20))
+            exported = {
+                sample.name: sample.value
+                for family in AgentCollector(agent).collect()
+                for sample in family.samples
+                if sample.name == "edge_over_budget_holds_total"
+            }
+    assert exported == {"edge_over_budget_holds_total": 1.0}  # what an operator sees of the hold
     (_, refused_ids), *after = gateway.frames
     assert [r.status for batch in answers for r in batch] == [pb.STATUS_OK, pb.STATUS_OK]
     assert {i for _, ids in after for i in ids} >= set(refused_ids)  # sent again, and not failed
