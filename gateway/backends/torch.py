@@ -168,7 +168,10 @@ class TorchBackend:
             with torch.inference_mode(), _on_stream(torch, stream):
                 feed = {}
                 for name, array in call.inputs.items():
-                    tensor = torch.from_numpy(np.ascontiguousarray(array))
+                    # A read-only input (a lone tensor request is a view of the frame it came in) is
+                    # copied: torch tensors are writable, and from_numpy warns on such an array.
+                    owned = array if array.flags.writeable else np.array(array)
+                    tensor = torch.from_numpy(np.ascontiguousarray(owned))
                     if device.type == "cuda":
                         tensor = tensor.pin_memory().to(device, non_blocking=True)
                     feed[name] = tensor.to(dtype) if tensor.is_floating_point() else tensor

@@ -7,6 +7,7 @@ here the same ``infer`` runs on the CPU build of PyTorch that the test setup ins
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Any
 
 import numpy as np
@@ -129,6 +130,24 @@ async def test_a_call_runs_the_model_on_the_cpu() -> None:
     assert result.outputs["scores"].dtype == np.float32
     np.testing.assert_allclose(result.outputs["scores"], expected, rtol=1e-6, atol=1e-6)
     assert backend.health() is BackendHealth.NOT_SERVING
+
+
+async def test_read_only_inputs_are_served_without_a_warning() -> None:
+    """A lone tensor request reaches the backend as a read-only view of its frame: it is served like a
+    writable array, and torch's warning about non-writable arrays is not raised (it is copied first)."""
+    backend = cpu_backend()
+    await backend.start()
+    try:
+        call = scorer_call()
+        for array in call.inputs.values():
+            array.flags.writeable = False
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            result = await backend.infer(call)
+    finally:
+        await backend.aclose()
+    expected = call.inputs["features"] @ WEIGHTS.T + call.inputs["offsets"]
+    np.testing.assert_allclose(result.outputs["scores"], expected, rtol=1e-6, atol=1e-6)
 
 
 async def test_floating_inputs_take_the_backends_dtype_and_integers_stay() -> None:
