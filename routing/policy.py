@@ -147,22 +147,10 @@ class TierPolicy:
             if best is not None:
                 return Decision(tier, best.name, left or plan.base_reason, score, best_est, bucket)
             if left is None:
-                left = (
-                    Reason.DEADLINE
-                    if slow
-                    else Reason.SPILLOVER_SATURATED
-                    if saturated
-                    else Reason.SPILLOVER_UNHEALTHY
-                )
+                left = _left_because(slow, saturated)
             any_slow = any_slow or slow
             any_saturated = any_saturated or saturated
-        reject = (
-            Reason.REJECT_DEADLINE
-            if any_slow
-            else Reason.REJECT_OVERLOADED
-            if any_saturated
-            else Reason.REJECT_UNAVAILABLE
-        )
+        reject = _rejected_because(any_slow, any_saturated)
         return Decision(plan.remote_tier[rank], None, reject, score, None, bucket)
 
     def decide_range(
@@ -231,22 +219,10 @@ class TierPolicy:
                 pool, _, est_hi = chosen
                 return Decision(tier, pool.name, left or plan.base_reason, score_hi, est_hi, bucket)
             if left is None:
-                left = (
-                    Reason.DEADLINE
-                    if slow
-                    else Reason.SPILLOVER_SATURATED
-                    if saturated
-                    else Reason.SPILLOVER_UNHEALTHY
-                )
+                left = _left_because(slow, saturated)
             any_slow = any_slow or slow
             any_saturated = any_saturated or saturated
-        reject = (
-            Reason.REJECT_DEADLINE
-            if any_slow
-            else Reason.REJECT_OVERLOADED
-            if any_saturated
-            else Reason.REJECT_UNAVAILABLE
-        )
+        reject = _rejected_because(any_slow, any_saturated)
         return Decision(plan.remote_tier[rank], None, reject, score_hi, None, bucket)
 
     def estimate_latency(self, profile: RequestProfile, pool: str, signals: PoolSignals) -> float:
@@ -272,6 +248,21 @@ def _rank(score: float, plan: RoutePlan) -> int:
     if score < thresholds.cloud:
         return Tier.EDGE_SERVER.rank
     return Tier.CLOUD.rank
+
+
+def _left_because(slow: bool, saturated: bool) -> Reason:
+    """Why a tier with no pool to take the request was left: a pool too slow for the deadline, else one
+    at its queue limit, else none healthy."""
+    if slow:
+        return Reason.DEADLINE
+    return Reason.SPILLOVER_SATURATED if saturated else Reason.SPILLOVER_UNHEALTHY
+
+
+def _rejected_because(any_slow: bool, any_saturated: bool) -> Reason:
+    """Why no tier took the request: :func:`_left_because`'s order, as a rejection."""
+    if any_slow:
+        return Reason.REJECT_DEADLINE
+    return Reason.REJECT_OVERLOADED if any_saturated else Reason.REJECT_UNAVAILABLE
 
 
 def _over_range(
