@@ -32,7 +32,7 @@ from pathlib import Path
 import zmq
 import zstandard as zstd
 
-from bench.gateway_bench import GATEWAY_TOML, TICKS, Peer, Tracker, drain, pools_toml, restamp, workload
+from bench.gateway_bench import GATEWAY_TOML, TICKS, Peer, Tracker, open_loop_drive, pools_toml, workload
 from bench.netns import reexec_in_namespace
 from bench.report import machine, stamp, table, update_section
 from edgewire import FrameCodec, new_id, now_unix_us, pb
@@ -151,31 +151,8 @@ def victim_phase(
 ) -> tuple[int, list[float]]:
     """Open loop on the victim's DEALER; (requests sent, latencies in seconds, inf for unanswered)."""
     tracker = Tracker(FrameCodec(), is_gateway=True)
-    poller = zmq.Poller()
-    poller.register(peer.sock, zmq.POLLIN)
-    codec = tracker.codec
+    open_loop_drive(peer, requests, rate, seconds, tracker, agent_id="victim", budget_s=30.0, wait_s=WAIT_S)
     total = int(rate * seconds)
-    start = time.perf_counter()
-    for i in range(total):
-        scheduled = start + i / rate
-        while (now := time.perf_counter()) < scheduled:
-            if poller.poll(max(0, int((scheduled - now) * 1000))):
-                drain(peer, tracker)
-        request = requests[i % len(requests)]
-        request.priority = pb.PRIORITY_CLASS_REALTIME
-        restamp([request], 30.0)
-        frames = codec.encode(
-            pb.RequestBatch(requests=[request]),
-            agent_id="victim",
-            region="us-west",
-            priority=pb.PRIORITY_CLASS_REALTIME,
-        )
-        tracker.sent(frames, [request], scheduled)
-        peer.sock.send_multipart(frames, copy=False)
-    deadline = time.perf_counter() + WAIT_S
-    while tracker.in_flight and time.perf_counter() < deadline:
-        if poller.poll(100):
-            drain(peer, tracker)
     return total, tracker.latencies + [math.inf] * len(tracker.sent_at)
 
 
@@ -314,8 +291,8 @@ def render(pairs: list[tuple[Phase, Phase]], args: argparse.Namespace) -> str:
         "it.\n\n"
         + table(header, rows)
         + "\n\n'decompressed': attacker frames the gateway decompressed (then refused `payload_invalid`); "
-        "with the budget a 32 MiB frame costs a GiB of its 64 MiB/s, so only the first is, and it falls in "
-        "the second before the victim's phase. 'gateway loop CPU': what the gateway's event-loop thread got "
+        "with the budget a 32 MiB frame costs a GiB of the bytes bucket (refilled at `bytes_per_s`), so "
+        "only the first of a phase's few seconds is, and it falls before the victim's phase. 'gateway loop CPU': what the gateway's event-loop thread got "
         "per second of the phase; 'machine busy': all cores, whatever runs on them. At full rate the "
         "attacker keeps sending whatever is refused, so the gateway reads a frame, refuses it (no "
         "decompression, at most 64 Acks per hold) and reads the next as fast as it can: a flood of frames "

@@ -341,10 +341,19 @@ def latency(
 
 
 def open_loop_drive(
-    peer: Peer, requests: list[pb.InferRequest], rate: float, seconds: float, tracker: Tracker
+    peer: Peer,
+    requests: list[pb.InferRequest],
+    rate: float,
+    seconds: float,
+    tracker: Tracker,
+    *,
+    agent_id: str = "bench",
+    budget_s: float = 5.0,
+    wait_s: float = 10.0,
 ) -> float:
-    """Send one realtime request per frame at ``rate``/s for ``seconds``, each stamped with its scheduled
-    send time (no coordinated omission); wait (bounded) for the answers; the seconds it all took."""
+    """Send one realtime request per frame at ``rate``/s for ``seconds`` as ``agent_id``, each stamped
+    with its scheduled send time (no coordinated omission) and a deadline ``budget_s`` on; wait up to
+    ``wait_s`` for the answers; the seconds it all took."""
     codec = tracker.codec
     poller = zmq.Poller()
     poller.register(peer.sock, zmq.POLLIN)
@@ -357,16 +366,16 @@ def open_loop_drive(
                 drain(peer, tracker)
         request = requests[i % len(requests)]
         request.priority = pb.PRIORITY_CLASS_REALTIME
-        restamp([request], 5.0)
+        restamp([request], budget_s)
         frames = codec.encode(
             pb.RequestBatch(requests=[request]),
-            agent_id="bench",
+            agent_id=agent_id,
             region="us-west",
             priority=pb.PRIORITY_CLASS_REALTIME,
         )
         tracker.sent(frames, [request], scheduled)
         peer.sock.send_multipart(frames, copy=False)
-    deadline = time.perf_counter() + 10
+    deadline = time.perf_counter() + wait_s
     while tracker.in_flight and time.perf_counter() < deadline:
         if poller.poll(100):
             drain(peer, tracker)

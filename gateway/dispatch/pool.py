@@ -157,9 +157,9 @@ class PoolDispatcher:
         metrics: GatewayMetrics,
         cpu: CpuStage,
         respond: Respond,
+        respond_ok: RespondOk,
         reroute: Reroute,
         observe: Observe | None = None,
-        respond_ok: RespondOk | None = None,
         ewma_alpha: float = 0.2,
         pipelines: PipelineDeclarations | None = None,
     ) -> None:
@@ -663,19 +663,7 @@ class PoolDispatcher:
                 continue
             on_time.append(item)
             kept.append(output_bytes)
-        if self._respond_ok is not None:
-            self._respond_ok(on_time, kept, model, version, timing, started)
-            return
-        for item, output_bytes in zip(on_time, kept, strict=True):
-            response = pb.InferResponse(
-                request_id=item.request.request_id,
-                status=pb.STATUS_OK,
-                model_name=model,
-                model_version=version,
-                timing=timing,
-            )
-            response.timing.queue_us = int(max(0.0, started - item.enqueued) * 1e6)
-            self._respond(item, response, output_bytes)
+        self._respond_ok(on_time, kept, model, version, timing, started)
 
     def _reject_inputs(self, items: Sequence[WorkItem], prepared: Prepared, spec: ModelSpec) -> None:
         if prepared.padded_elements:
