@@ -292,7 +292,8 @@ def render(pairs: list[tuple[Phase, Phase]], args: argparse.Namespace) -> str:
         + table(header, rows)
         + "\n\n'decompressed': attacker frames the gateway decompressed (then refused `payload_invalid`); "
         "with the budget a 32 MiB frame costs a GiB of the bytes bucket (refilled at `bytes_per_s`), so "
-        "only the first of a phase's few seconds is, and it falls before the victim's phase. 'gateway loop CPU': what the gateway's event-loop thread got "
+        "only the first of a phase's few seconds is, and it falls before the victim's phase. "
+        "'gateway loop CPU': what the gateway's event-loop thread got "
         "per second of the phase; 'machine busy': all cores, whatever runs on them. At full rate the "
         "attacker keeps sending whatever is refused, so the gateway reads a frame, refuses it (no "
         "decompression, at most 64 Acks per hold) and reads the next as fast as it can: a flood of frames "
