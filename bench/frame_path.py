@@ -55,7 +55,7 @@ import zmq
 from PIL import Image
 
 from bench import baselines
-from bench.gateway_bench import TICKS, Peer, Tracker, cpu_seconds, drain, restamp, start_gateway
+from bench.gateway_bench import TICKS, Peer, Tracker, cpu_seconds, drain, pool_toml, restamp, start_gateway
 from bench.ingest_bench import ingest, open_loop, prebuild
 from bench.netns import REPO, reexec_in_namespace
 from bench.report import machine, stamp, table, update_section
@@ -83,22 +83,13 @@ TENSOR_SECONDS: Final = 3.0
 TENSOR_MAX_FRAMES: Final = 800  # ~960 MB of frames at most, built before a run
 IMAGENET_MEAN: Final = (0.485, 0.456, 0.406)
 IMAGENET_STD: Final = (0.229, 0.224, 0.225)
-TENSOR_POOL_TOML: Final = f"""
-[pools.gpu-tensor]
-backend = "embedded"
-max_batch_size = 32
-preferred_batch_sizes = [32]
-max_queue_delay_us = 1000
-[[routing.pools]]
-name = "gpu-tensor"
-tier = "cloud"
-models = ["{TENSOR_MODEL}"]
-priorities = ["realtime", "interactive", "batch"]
-concurrency = 8
-max_queue_depth = 4096
+TENSOR_POOL_TOML: Final = (
+    pool_toml("gpu-tensor", "cloud", [TENSOR_MODEL], max_batch_size=32, preferred=(32,))
+    + f"""
 [routing.models.{TENSOR_MODEL}]
 kind = "tensor"
 """
+)
 T = TypeVar("T")
 GOAL_OWN_US: Final = 10.0
 GOAL_ALL_US: Final = 20.0
@@ -371,20 +362,10 @@ class Lone:
 
 
 @dataclass
-class Tensors:
-    """One closed-loop run of TENSOR frames."""
+class Tensors(Batched):
+    """One closed-loop run of TENSOR frames: a batched run, and how many bytes each record carried."""
 
-    records: int
-    refused: int
-    seconds: float
-    bytes_per_record: int
-    cpu: Cpu
-    idle_cores: float
-    foreign_cores: float
-
-    @property
-    def rate(self) -> float:
-        return self.records / self.seconds
+    bytes_per_record: int = 0
 
 
 @dataclass
@@ -471,10 +452,10 @@ def tensor_run(
         run["answered"],
         run["refused"],
         run["seconds"],
-        tensor_bytes(requests[0]),
         watch.cpu,
         watch.idle_cores,
         watch.foreign_cores,
+        bytes_per_record=tensor_bytes(requests[0]),
     )
 
 

@@ -412,23 +412,41 @@ POOLS = (
 )
 
 
-def pools_toml() -> str:
-    parts = []
-    for name, tier, priorities in POOLS:
-        parts.append(f"""
+def pool_toml(
+    name: str,
+    tier: str,
+    models: list[str],
+    *,
+    priorities: str = '["realtime", "interactive", "batch"]',
+    max_batch_size: int = 128,
+    preferred: tuple[int, ...] = (32, 64, 128),
+    max_queue_delay_us: int = 1000,
+) -> str:
+    """One bench pool on the ``embedded`` backend: its dispatch section and its routing entry (8 batches
+    in flight, queues deep enough for 8 frames of 100)."""
+    names = ", ".join(f'"{m}"' for m in models)
+    sizes = ", ".join(str(p) for p in preferred)
+    return f"""
 [pools.{name}]
 backend = "embedded"
-max_batch_size = 128
-preferred_batch_sizes = [32, 64, 128]
-max_queue_delay_us = 1000
+max_batch_size = {max_batch_size}
+preferred_batch_sizes = [{sizes}]
+max_queue_delay_us = {max_queue_delay_us}
 [[routing.pools]]
 name = "{name}"
 tier = "{tier}"
-models = ["rank-mlp", "text-encoder", "image-classifier"]
+models = [{names}]
 priorities = {priorities}
 concurrency = 8
 max_queue_depth = 4096
-""")
+"""
+
+
+def pools_toml() -> str:
+    parts = [
+        pool_toml(name, tier, ["rank-mlp", "text-encoder", "image-classifier"], priorities=priorities)
+        for name, tier, priorities in POOLS
+    ]
     parts.append("""
 [routing.models.rank-mlp]
 kind = "ranking"

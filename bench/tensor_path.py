@@ -58,7 +58,7 @@ from bench.frame_path import (
     statuses,
     tensor_requests,
 )
-from bench.gateway_bench import restamp
+from bench.gateway_bench import pool_toml, restamp
 from bench.gpu_tier import null_repository, null_specs
 from bench.ingest_bench import ingest
 from bench.netns import REPO, reexec_in_namespace
@@ -74,35 +74,16 @@ CHECK_FRAMES: Final = 2  # frames whose every answer is checked before and after
 RUN_SECONDS: Final = 20.0  # one timed run at most
 PROBE_TIMEOUT_S: Final = 120
 RAW_BYTES: Final = 3 * 224 * 224 * 2
-POOLS_TOML: Final = f"""
-[pools.tensor]
-backend = "embedded"
-max_batch_size = 32
-preferred_batch_sizes = [32]
-max_queue_delay_us = 1000
-[[routing.pools]]
-name = "tensor"
-tier = "cloud"
-models = ["{MODEL}"]
-priorities = ["realtime", "interactive", "batch"]
-concurrency = 8
-max_queue_depth = 4096
-[pools.tensor-b1]
-backend = "embedded"
-max_batch_size = 1
-max_queue_delay_us = 0
-[[routing.pools]]
-name = "tensor-b1"
-tier = "cloud"
-models = ["{SINGLES}"]
-priorities = ["realtime", "interactive", "batch"]
-concurrency = 8
-max_queue_depth = 4096
+POOLS_TOML: Final = (
+    pool_toml("tensor", "cloud", [MODEL], max_batch_size=32, preferred=(32,))
+    + pool_toml("tensor-b1", "cloud", [SINGLES], max_batch_size=1, preferred=(), max_queue_delay_us=0)
+    + f"""
 [routing.models.{MODEL}]
 kind = "tensor"
 [routing.models.{SINGLES}]
 kind = "tensor"
 """
+)
 
 
 @dataclass(frozen=True)
