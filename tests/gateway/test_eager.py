@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from gateway.dispatch.eager import Finished, start_eagerly
+from gateway.testing import wait_for
 
 
 async def test_a_coroutine_that_never_waits_finishes_inline() -> None:
@@ -53,8 +54,7 @@ async def test_a_coroutine_that_waits_carries_on_as_a_task() -> None:
     assert isinstance(started, asyncio.Task)
     assert steps == ["start"]
     first.set_result(41)
-    await asyncio.sleep(0.01)
-    assert steps == ["start", 41]
+    await wait_for(lambda: steps == ["start", 41], what="the task resumed past the first future")
     second.set_exception(KeyError("gone"))  # read by the coroutine itself, where it awaits
     assert await started == 42
     assert steps == ["start", 41, "KeyError('gone')"]
