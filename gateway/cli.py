@@ -13,14 +13,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import os
 import signal
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.config import DEFAULT_MODELS_DIR, ConfigError, GatewayConfig, load_config
+
+if TYPE_CHECKING:
+    from gateway.shards.link import ShardRole
 
 EXIT_CONFIG = 2
 EXIT_START = 3
@@ -77,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
     bgp.add_argument("--carrier", required=True, help="a [[carriers]] name that has a [carriers.bgp] table")
     bgp.add_argument("--config", dest="bgp_config", type=Path, help="the gateway's TOML (as --config)")
     bgp.add_argument("--no-ack", action="store_true", help="ExaBGP runs with exabgp.api.ack=false")
+    shard = sub.add_parser("shard", help="internal: one ingest shard, started by the front (shards > 1)")
+    shard.add_argument("--index", type=int, required=True)
+    shard.add_argument("--shards", type=int, required=True)
+    shard.add_argument("--link", required=True, help="the front's link endpoint (ipc://...)")
+    shard.add_argument("--overrides", default="{}", help="the front's command-line overrides, as JSON")
     replay = sub.add_parser("replay", help="re-send captured traffic to a gateway (docs/CAPTURE.md)")
     replay.add_argument("files", type=Path, nargs="+")
     replay.add_argument("--to", required=True, metavar="ENDPOINT", help="tcp://HOST:PORT of a carrier")
@@ -132,13 +142,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _replay(args)
     if args.command == "bgp-announcer":
         return _bgp_announcer(args)
-    overrides = _overrides(args)
+    overrides = json.loads(args.overrides) if args.command == "shard" else _overrides(args)
     try:
         config = load_config(args.config, overrides=overrides)
     except ConfigError as exc:
         for key, message in exc.problems:
             print(f"hk-gateway: config: {key}: {message}", file=sys.stderr)
         return EXIT_CONFIG
+    if args.command == "shard":
+        from gateway.shards.link import ShardRole
+
+        return run(config, args.config, overrides, shard=ShardRole(args.index, args.shards, args.link))
     return run(config, args.config, overrides)
 
 
@@ -289,19 +303,34 @@ def _ensure_demo_models(config: GatewayConfig) -> None:
             write_demo_repository(Path(repo))
 
 
-def run(config: GatewayConfig, config_path: Path | None, overrides: Mapping[str, Any] | None = None) -> int:
-    """Serve until stopped; ``overrides`` (the command line's) are applied again at each SIGHUP."""
+def run(
+    config: GatewayConfig,
+    config_path: Path | None,
+    overrides: Mapping[str, Any] | None = None,
+    shard: ShardRole | None = None,
+) -> int:
+    """Serve until stopped; ``overrides`` (the command line's) are applied again at each SIGHUP. With more
+    than one shard this process is the front (gateway/shards/front.py); ``shard``: it is one of them."""
+    from gateway.shards.placement import cores, default_shards
+
+    count = config.shards or default_shards(cores())
+    if shard is None and count > 1:
+        return _run_front(config, config_path, overrides, count)
+    if shard is not None:
+        _die_with_parent()
     if config.cpu.mode == "process":
         from gateway.dispatch.workers import start_forkserver
 
         start_forkserver()  # its imports run on another core while this process imports the rest
     from gateway.server import Gateway, GatewayStartError, process_age_s
-    from service.logs import configure_logging
+    from service.logs import configure_logging, set_static_fields
     from service.runtime import run_main
 
+    if shard is not None:
+        set_static_fields(shard=shard.index)
     configure_logging(config.logging)
     _ensure_demo_models(config)
-    gateway = Gateway(config, config_path=config_path, overrides=overrides)
+    gateway = Gateway(config, config_path=config_path, overrides=overrides, shard=shard)
     gateway.exec_to_start_s = process_age_s()
     try:
         run_main(_serve(gateway))
@@ -309,6 +338,38 @@ def run(config: GatewayConfig, config_path: Path | None, overrides: Mapping[str,
         print(f"hk-gateway: {exc}", file=sys.stderr)
         return EXIT_START
     return 0
+
+
+def _run_front(
+    config: GatewayConfig, config_path: Path | None, overrides: Mapping[str, Any] | None, count: int
+) -> int:
+    from gateway.server import process_age_s
+    from gateway.shards.front import Front, FrontStartError
+    from service.logs import configure_logging, set_static_fields
+    from service.runtime import run_main
+
+    set_static_fields(role="front")
+    configure_logging(config.logging)
+    _ensure_demo_models(config)  # before the shards start, so that they do not race to write them
+    front = Front(config, count, config_path=config_path, overrides=overrides)
+    front.exec_to_start_s = process_age_s()
+    try:
+        run_main(_serve(front))
+    except FrontStartError as exc:
+        print(f"hk-gateway: {exc}", file=sys.stderr)
+        return EXIT_START
+    return 0
+
+
+def _die_with_parent() -> None:
+    """A shard gets SIGTERM (and drains) when its front dies, however the front died (Linux prctl)."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    if os.getppid() == 1:  # the front died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 async def _serve(gateway: Any) -> None:

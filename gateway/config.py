@@ -301,6 +301,10 @@ class GatewayConfig(_Section):
     """Everything ``hk-gateway`` needs; built by :func:`load_config`."""
 
     instance: str = "hk-gw-1"
+    # Ingest shards: processes each with its own event loop, pools and dedupe window, behind the same
+    # carrier addresses (gateway/shards). 0: from the cores (placement.default_shards); 1: one process.
+    # Read at start only: a reload that changes it is refused until a restart.
+    shards: int = Field(default=0, ge=0, le=64)
     carriers: tuple[CarrierConfig, ...] = Field(min_length=1)
     security: SecurityConfig  # required: CurveZMQ unless a config says plaintext (loopback only)
     http: HttpConfig = HttpConfig()

@@ -26,9 +26,9 @@ from gateway.frames.answers import TIER_WIRE, ResponseHeads
 from gateway.frames.groups import Screened
 from gateway.frames.route import route_frame
 from gateway.frames.wire import request_spans
-from gateway.ingress.auth import AgentAuthenticator
+from gateway.ingress.auth import AgentAuthenticator, AgentDirectory
 from gateway.ingress.budget import BUDGETED_KINDS, OVER_BUDGET, AgentBudgets, over_budget_ack
-from gateway.ingress.carrier import CarrierIngress
+from gateway.ingress.carrier import Carrier
 from gateway.ops.histograms import observe_many
 from gateway.ops.metrics import GatewayMetrics
 from gateway.replies import ReplyRouter
@@ -84,7 +84,7 @@ class LogSampler:
 
 @dataclass(slots=True)
 class _Frame:
-    carrier: CarrierIngress
+    carrier: Carrier
     routing_id: bytes
     envelope: pb.Envelope
     agent_id: str
@@ -103,7 +103,7 @@ class Ingest:
         replies: ReplyRouter,
         metrics: GatewayMetrics,
         regions: RegionResolver,
-        authenticator: AgentAuthenticator | None,
+        authenticator: AgentAuthenticator | AgentDirectory | None,
         clock: Callable[[], float] = time.monotonic,
         capture: CaptureRecorder | None = None,
     ) -> None:
@@ -136,7 +136,7 @@ class Ingest:
 
     # ------------------------------------------------------------------ entry point
 
-    def on_message(self, carrier: CarrierIngress, frames: list[zmq.Frame]) -> None:
+    def on_message(self, carrier: Carrier, frames: list[zmq.Frame]) -> None:
         """Handle one multipart message from a carrier's ROUTER: [routing id, envelope, payload]."""
         routing_id = frames[0].bytes
         body = [f.buffer for f in frames[1:]]
@@ -191,13 +191,13 @@ class Ingest:
     # ------------------------------------------------------------------ identity
 
     def _identify(
-        self, header: zmq.Frame, envelope: pb.Envelope, carrier: CarrierIngress, routing_id: bytes
+        self, header: zmq.Frame, envelope: pb.Envelope, carrier: Carrier, routing_id: bytes
     ) -> tuple[str | None, str]:
         """The authenticated agent id and its region; the envelope must agree with the key's identity."""
         if self._auth is None:  # plaintext on loopback: the envelope is all there is
-            peer = str(header.get("Peer-Address"))
+            peer = carrier.peer_property(header, "Peer-Address")
             return envelope.agent_id or "anonymous", self.regions.resolve(envelope.region, peer)
-        user_id = str(header.get("User-Id") or "")
+        user_id = carrier.peer_property(header, "User-Id")
         identity = self._auth.identity(user_id) if user_id else None
         if identity is None:
             self._reject(
@@ -569,7 +569,7 @@ class Ingest:
 
     def _reject(
         self,
-        carrier: CarrierIngress,
+        carrier: Carrier,
         routing_id: bytes,
         header: bytes | memoryview,
         exc: FrameError,

@@ -32,7 +32,7 @@ import structlog
 
 from edgewire import FrameCodec, Serialized, pb, repeated_field
 from gateway.config import RepliesConfig
-from gateway.ingress.carrier import CarrierIngress, SendResult
+from gateway.ingress.carrier import Carrier, SendResult
 from gateway.ops.metrics import GatewayMetrics
 
 log = structlog.get_logger("gateway.replies")
@@ -58,7 +58,7 @@ class ReplyRouter:
 
     def __init__(
         self,
-        carriers: Mapping[str, CarrierIngress],
+        carriers: Mapping[str, Carrier],
         codec: FrameCodec,
         config: RepliesConfig,
         metrics: GatewayMetrics,
@@ -115,7 +115,7 @@ class ReplyRouter:
 
     # ------------------------------------------------------------------ sending
 
-    def send_control(self, carrier: CarrierIngress, routing_id: bytes, frames: list[bytes]) -> None:
+    def send_control(self, carrier: Carrier, routing_id: bytes, frames: list[bytes]) -> None:
         """Acks, pongs and rejections go back on the carrier the frame came in on."""
         result = carrier.send(routing_id, frames)
         if result != SendResult.SENT:

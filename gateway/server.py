@@ -27,23 +27,26 @@ from gateway.capture.redact import Redactor
 from gateway.config import GatewayConfig, load_config
 from gateway.dispatch.batch_limits import batch_limit_warnings
 from gateway.dispatch.breaker import CircuitBreaker
-from gateway.dispatch.cpu import CpuStage, default_workers
+from gateway.dispatch.cpu import CpuStage
 from gateway.dispatch.pool import PoolDispatcher
 from gateway.dispatch.work import WorkItem
 from gateway.ingest import Ingest
 from gateway.ingress.auth import (
     AgentAuthenticator,
+    AgentDirectory,
     KeyFileError,
     curve_options,
     load_directory,
     load_server_keys,
 )
-from gateway.ingress.carrier import CarrierIngress
+from gateway.ingress.carrier import Carrier, CarrierIngress
 from gateway.ops.health import CarrierProbe, CarrierState, HealthSnapshot, Hysteresis, raw_state
 from gateway.ops.http import HealthServer, read_admin_token
 from gateway.ops.metrics import CloseErrorReason, GatewayMetrics
 from gateway.ops.notify import SystemdNotifier
 from gateway.replies import ReplyRouter
+from gateway.shards.link import ShardLink, ShardRole
+from gateway.shards.placement import cores, default_workers, per_shard_concurrency
 from inference.backends.base import Backend, HealthChecked, Rescanning, create
 from inference.pipeline.registry import PipelineDeclarations
 from routing.geo import RegionResolver
@@ -100,9 +103,15 @@ class Gateway:
         config_path: Path | None = None,
         overrides: Mapping[str, Any] | None = None,
         notifier: SystemdNotifier | None = None,
+        shard: ShardRole | None = None,
     ) -> None:
-        """``config_path`` and ``overrides`` (the command line's) are what a reload reads again."""
+        """``config_path`` and ``overrides`` (the command line's) are what a reload reads again. ``shard``:
+        this process is one of the front's shards (gateway/shards): its carriers are views of the link to
+        the front, which owns the sockets, ZAP, health and metrics endpoints."""
         self.config = config
+        self.shard = shard
+        self._link: ShardLink | None = None
+        self._directory: AgentDirectory | None = None
         self.config_path = config_path
         self._overrides = dict(overrides or {})
         self.notifier = notifier or SystemdNotifier()
@@ -110,7 +119,7 @@ class Gateway:
         self.policy = PolicyHolder(config.routing)
         self._logging = LogSettings(config.logging)  # SIGHUP may change it
         self.draining = False
-        self.carriers: dict[str, CarrierIngress] = {}
+        self.carriers: dict[str, Carrier] = {}
         self.pools: dict[str, PoolDispatcher] = {}
         self.backends: dict[str, Backend] = {}
         self.metrics.read_counters(
@@ -190,7 +199,7 @@ class Gateway:
                 replies,
                 self.metrics,
                 self._regions(),
-                self._auth,
+                self._auth or self._directory,
                 capture=self.capture,
             )
             routing_pools = {p.name: p for p in cfg.routing.pools}
@@ -210,7 +219,7 @@ class Gateway:
                     self.backends[dispatch.backend],
                     breakers[dispatch.backend],
                     max_queue_depth=pool_cfg.max_queue_depth,
-                    concurrency=pool_cfg.concurrency,
+                    concurrency=per_shard_concurrency(pool_cfg.concurrency, self._shard_count),
                     metrics=self.metrics,
                     cpu=cpu,
                     respond=ingest.respond,
@@ -221,20 +230,10 @@ class Gateway:
                 )
                 self.pools[name].start()
             phases.mark("pools")
-            for carrier_cfg in cfg.carriers:
-                carrier = CarrierIngress(
-                    carrier_cfg, self._ctx, cfg.zmq, cfg.limits, self.metrics, ingest.on_message, security
-                )
-                try:
-                    carrier.start()
-                except zmq.ZMQError as exc:
-                    raise GatewayStartError(
-                        f"carrier {carrier_cfg.name}: cannot bind {carrier_cfg.bind}: {exc}"
-                    ) from exc
-                self.carriers[carrier_cfg.name] = carrier
+            self._start_carriers(ingest, security)
             phases.mark("carriers")
             self._evaluate_health()
-            http = self._start_http(admin_token)
+            http = self._start_http(admin_token) if self.shard is None else None
             self._background(self._health_loop(), "health")
             if self.notifier.watchdog_s:
                 self._background(self._watchdog_loop(), "watchdog")
@@ -244,10 +243,10 @@ class Gateway:
             raise
         self.notifier.notify("READY=1")
         log.info(
-            "gateway ready",
+            "gateway ready" if self.shard is None else "shard ready",
             instance=cfg.instance,
             carriers={n: c.endpoint for n, c in self.carriers.items()},
-            http_port=http.port,
+            http_port=None if http is None else http.port,
             pools=sorted(self.pools),
             startup_ms=phases.ms,
         )
@@ -257,7 +256,7 @@ class Gateway:
         (ONNX Runtime's sessions, the forkserver's imports), not on this loop."""
         cfg = self.config
         self.cpu = CpuStage(
-            cfg.cpu.workers or default_workers(),
+            cfg.cpu.workers or default_workers(cores(), self._shard_count),
             cfg.cpu.mode,
             self.metrics,
             inline_max_requests=cfg.cpu.inline_max_requests,
@@ -273,8 +272,53 @@ class Gateway:
                 raise outcome
         return self.cpu
 
+    def _start_carriers(self, ingest: Ingest, security: dict[int, object] | None) -> None:
+        """A ROUTER per carrier; in a shard, the carriers' views of the link to the front instead."""
+        cfg = self.config
+        assert self._ctx is not None
+        if self.shard is not None:
+            self._link = ShardLink(
+                self._ctx,
+                self.shard,
+                [c.name for c in cfg.carriers],
+                cfg.zmq,
+                self.metrics,
+                ingest.on_message,
+                self._on_command,
+            )
+            self._link.start()
+            self.carriers.update(self._link.carriers)
+            return
+        for carrier_cfg in cfg.carriers:
+            carrier = CarrierIngress(
+                carrier_cfg, self._ctx, cfg.zmq, cfg.limits, self.metrics, ingest.on_message, security
+            )
+            try:
+                carrier.start()
+            except zmq.ZMQError as exc:
+                raise GatewayStartError(
+                    f"carrier {carrier_cfg.name}: cannot bind {carrier_cfg.bind}: {exc}"
+                ) from exc
+            self.carriers[carrier_cfg.name] = carrier
+
+    @property
+    def _shard_count(self) -> int:
+        return 1 if self.shard is None else self.shard.count
+
+    def _on_command(self, command: Mapping[str, Any]) -> None:
+        """An admin command the front passed on (gateway/shards/link.py)."""
+        if "capture_s" in command:
+            self._set_capture(float(command["capture_s"]))
+
     def _capture_recorder(self, dictionaries: DictionaryStore, limits: CodecLimits) -> CaptureRecorder:
         cfg = self.config.capture
+        if self.shard is not None:  # each shard its own files, the disk bound shared out among them
+            cfg = cfg.model_copy(
+                update={
+                    "directory": str(Path(cfg.directory) / f"shard-{self.shard.index}"),
+                    "max_total_bytes": max(1 << 16, cfg.max_total_bytes // self.shard.count),
+                }
+            )
         redactor = None
         if cfg.redact:
             try:
@@ -329,6 +373,9 @@ class Gateway:
             return None
         assert sec.server_secret_key is not None
         assert sec.authorized_agents is not None
+        if self.shard is not None:  # the front runs ZAP; a shard checks the User-Id it passes on
+            self._directory = AgentDirectory(load_directory(sec.authorized_agents))
+            return None
         public, secret = load_server_keys(sec.server_secret_key)
         assert self._ctx is not None
         self._auth = AgentAuthenticator(
@@ -362,6 +409,7 @@ class Gateway:
         if self.ingest is not None:
             self.ingest.draining = True
         self._evaluate_health()
+        self._report_status()
         log.info("draining", deadline_s=self.config.drain_timeout_s, grace_s=self.config.drain_grace_s)
         if self.config.drain_grace_s:
             await asyncio.sleep(self.config.drain_grace_s)
@@ -388,6 +436,8 @@ class Gateway:
             self.http.stop()
         for carrier in self.carriers.values():
             await carrier.close()
+        if self._link is not None:
+            self._link.close()
         if self._auth is not None:
             self._auth.stop()
         await self._close_backends()
@@ -445,15 +495,17 @@ class Gateway:
         try:  # read and validate everything first, so a reload applies whole or not at all
             fresh = load_config(self.config_path, overrides=self._overrides)
             agents = None
-            if self._auth is not None and fresh.security.authorized_agents is not None:
+            if (self._auth or self._directory) is not None and fresh.security.authorized_agents is not None:
                 agents = load_directory(fresh.security.authorized_agents)
         except Exception as exc:  # noqa: BLE001  (any reload failure keeps the running config)
             self.metrics.reloads.labels("failed").inc()
             log.error("reload failed; keeping the running config", error=str(exc))
             return False
         changed = self.policy.apply(fresh.routing)
-        if self._auth is not None and agents is not None:
-            self._auth.replace(agents)
+        if agents is not None:
+            for directory in (self._auth, self._directory):
+                if directory is not None:
+                    directory.replace(agents)
         logging_changed = self._logging.apply(fresh.logging)  # e.g. debug for a while, without a restart
         self.metrics.reloads.labels("ok").inc()
         log.info(
@@ -533,8 +585,22 @@ class Gateway:
 
     async def _health_loop(self) -> None:
         while True:
+            self._report_status()
             await asyncio.sleep(self.config.health.interval_s)
             self._evaluate_health()
+
+    def _report_status(self) -> None:
+        """A shard tells the front how it is, every health interval (the front's sign that it lives)."""
+        if self._link is not None:
+            snap = self._snapshot
+            self._link.send_status(
+                {
+                    "ready": snap.ready,
+                    "tiers": dict(snap.tiers),
+                    "draining": snap.draining,
+                    "pid": os.getpid(),
+                }
+            )
 
     async def _watchdog_loop(self) -> None:
         # Sent from the event loop itself: a wedged loop stops the pings and systemd restarts us.

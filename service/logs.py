@@ -30,6 +30,20 @@ class LoggingConfig(BaseModel):
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
+_static: dict[str, object] = {}
+
+
+def set_static_fields(**fields: object) -> None:
+    """Fields every log line of this process carries from now on (a shard's ``shard`` index)."""
+    _static.update(fields)
+
+
+def _add_static(_: object, __: str, event: structlog.types.EventDict) -> structlog.types.EventDict:
+    for key, value in _static.items():
+        event.setdefault(key, value)
+    return event
+
+
 def configure_logging(config: LoggingConfig) -> None:
     console = config.format == "console" or (config.format == "auto" and sys.stderr.isatty())
     renderer: structlog.types.Processor = (
@@ -38,6 +52,7 @@ def configure_logging(config: LoggingConfig) -> None:
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            _add_static,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,

@@ -97,6 +97,20 @@ def write_keypair(directory: Path, name: str, metadata: Mapping[str, str] | None
     return public_path, secret_path
 
 
+class AgentDirectory:
+    """The allowed agents by id: what a shard checks the front's ZAP verdict (``User-Id``) against."""
+
+    def __init__(self, agents: dict[bytes, AgentIdentity]) -> None:
+        self.replace(agents)
+
+    def replace(self, agents: dict[bytes, AgentIdentity]) -> None:
+        """Swap the directory (SIGHUP)."""
+        self._by_id = {identity.agent_id: identity for identity in agents.values()}
+
+    def identity(self, agent_id: str) -> AgentIdentity | None:
+        return self._by_id.get(agent_id)
+
+
 class AgentAuthenticator(AsyncioAuthenticator):
     """ZAP handler: admits CURVE clients whose key is in the directory; counts every refusal."""
 

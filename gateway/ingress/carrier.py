@@ -12,8 +12,8 @@ import errno
 import functools
 import operator
 import time
-from collections.abc import Callable
-from typing import Any, Final, cast
+from collections.abc import Callable, Sequence
+from typing import Any, Final, Protocol
 
 import structlog
 import zmq
@@ -21,16 +21,12 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from gateway.config import CarrierConfig, LimitsConfig, ZmqConfig
+from gateway.ingress.reader import EdgeReader
 from gateway.ops.metrics import GatewayMetrics
 
 log = structlog.get_logger("gateway.ingress")
 
-OnMessage = Callable[["CarrierIngress", list[zmq.Frame]], None]
-READ_BUDGET_S = 0.002
-"""A wake-up reads messages for at most about this long (a frame of 100 requests takes a few ms), then
-lets everything else on the loop run: a burst of large frames must not keep the CPU workers' answers,
-and so the workers, waiting."""
-_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: no enum conversion per read
+OnMessage = Callable[["Carrier", list[zmq.Frame]], None]
 _HANDSHAKE_FAILURES: dict[int, str] = {
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "no_detail",
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol",
@@ -50,6 +46,42 @@ descriptors). They are what the gateway can know of frames that never arrived: f
 its own queue when it closes its socket never reach this side (docs/PROTOCOL.md section 2)."""
 _MONITORED = functools.reduce(operator.or_, _CONNECTION_EVENTS)
 _DEFAULT_HEARTBEAT_TIMEOUT_MS = int(ZmqConfig.model_fields["heartbeat_timeout_ms"].default)
+
+
+def silent_after_s(z: ZmqConfig) -> float:
+    """How long a peer may go unheard on a carrier before it counts as gone: libzmq closes a connection
+    that sends nothing for the ZMTP heartbeat timeout after a heartbeat (the interval, when no timeout is
+    set). With heartbeats off nothing closes it; the configured default is used."""
+    if z.heartbeat_ivl_ms:
+        return (z.heartbeat_timeout_ms or z.heartbeat_ivl_ms) / 1000
+    return _DEFAULT_HEARTBEAT_TIMEOUT_MS / 1000
+
+
+class Carrier(Protocol):
+    """What the rest of the gateway uses of a carrier: a ROUTER bound here (:class:`CarrierIngress`), or in
+    a shard, a carrier's view of the link to the front that owns the ROUTER (gateway/shards/link.py)."""
+
+    name: str
+
+    @property
+    def endpoint(self) -> str: ...
+
+    @property
+    def silent_after_s(self) -> float: ...
+
+    @property
+    def bound(self) -> bool: ...
+
+    @property
+    def receiving(self) -> bool: ...
+
+    def stalled(self, now: float, stall_s: float) -> bool: ...
+
+    def peer_property(self, header: zmq.Frame, name: str) -> str: ...
+
+    def send(self, routing_id: bytes, frames: Sequence[bytes | zmq.Frame]) -> str: ...
+
+    async def close(self) -> None: ...
 
 
 class SendResult:
@@ -82,9 +114,7 @@ class CarrierIngress:
         self._security = security or {}
         self._sock: zmq.Socket[bytes] | None = None
         self._owner: zmq.asyncio.Socket | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._reading = False
-        self._read_scheduled = False
+        self._reader: EdgeReader | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.peers = 0
         self.last_recv = 0.0
@@ -123,9 +153,10 @@ class CarrierIngress:
         # Traffic goes through a plain view of the same socket (see "traffic" below); the zmq.asyncio
         # socket owns it, and its monitor, and closes them.
         self._sock = zmq.Socket.shadow(sock.underlying)
-        self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(self._sock.FD, self._read)
-        self._reading = True
+        self._reader = EdgeReader(
+            self._sock, self._deliver, self._read_failed, self._zcfg.max_messages_per_wakeup
+        )
+        self._reader.start()
         self._tasks = [asyncio.create_task(self._monitor(monitor), name=f"monitor-{self.name}")]
         self._metrics.carrier_peers.labels(self.name).set(0)
         for event in CONNECTION_EVENTS:  # every series exported from the start, zeros included
@@ -156,13 +187,7 @@ class CarrierIngress:
 
     @property
     def silent_after_s(self) -> float:
-        """How long a peer may go unheard on this carrier before it counts as gone: libzmq closes a
-        connection that sends nothing for the ZMTP heartbeat timeout after a heartbeat (the interval, when
-        no timeout is set). With heartbeats off nothing closes it; the configured default is used."""
-        z = self._zcfg
-        if z.heartbeat_ivl_ms:
-            return (z.heartbeat_timeout_ms or z.heartbeat_ivl_ms) / 1000
-        return _DEFAULT_HEARTBEAT_TIMEOUT_MS / 1000
+        return silent_after_s(self._zcfg)
 
     @property
     def bound(self) -> bool:
@@ -170,7 +195,7 @@ class CarrierIngress:
 
     @property
     def receiving(self) -> bool:
-        return self._reading and self.failed is None
+        return self._reader is not None and self._reader.reading and self.failed is None
 
     def stalled(self, now: float, stall_s: float) -> bool:
         """True when input is waiting but nothing was read for ``stall_s``: the carrier passes no traffic."""
@@ -183,49 +208,22 @@ class CarrierIngress:
         return pending and now - self.last_recv > stall_s
 
     # ------------------------------------------------------------------ traffic
-    #
-    # The socket is a plain (not zmq.asyncio) socket read from the loop's reader callback: a zmq.asyncio
-    # receive costs a Future, a task wake-up and several enum conversions per message, about as much as
-    # decoding the message. ZMQ_FD is edge-triggered: it fires when the socket's state changed, not while
-    # messages wait, and any send or ZMQ_EVENTS read on the socket may consume the edge. So the reader
-    # drains until EAGAIN, a burst at a time, and every send schedules one more drain for the same tick.
-
-    def _read(self) -> None:
-        self._read_scheduled = False
-        sock = self._sock
-        if sock is None or not self._reading:
-            return
-        until = time.monotonic() + READ_BUDGET_S
-        for _ in range(self._zcfg.max_messages_per_wakeup):
-            try:
-                # Asking first is cheaper than the exception an empty receive raises; most wake-ups
-                # scheduled after a send find nothing.
-                if not cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:
-                    return
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            except zmq.ZMQError as exc:
-                self.failed = repr(exc)
-                self._stop_reading()
-                log.error("carrier receive failed; not reading any more", carrier=self.name, error=repr(exc))
-                return
-            self._deliver(frames)
-            if time.monotonic() >= until:
-                break
-        # A full burst or the time budget: more may wait. Let the batchers, the CPU workers' answers,
-        # replies and health checks run first.
-        self._schedule_read()
 
     def _schedule_read(self) -> None:
-        if not self._read_scheduled and self._loop is not None and self._reading:
-            self._read_scheduled = True
-            self._loop.call_soon(self._read)
+        if self._reader is not None:
+            self._reader.schedule()
 
     def _stop_reading(self) -> None:
-        if self._reading and self._loop is not None and self._sock is not None:
-            self._loop.remove_reader(self._sock.FD)
-        self._reading = False
+        if self._reader is not None:
+            self._reader.stop()
+
+    def _read_failed(self, exc: zmq.ZMQError) -> None:
+        self.failed = repr(exc)
+        log.error("carrier receive failed; not reading any more", carrier=self.name, error=repr(exc))
+
+    def peer_property(self, header: zmq.Frame, name: str) -> str:
+        """A ZeroMQ message property of a frame read here (``User-Id`` from ZAP, ``Peer-Address``)."""
+        return str(header.get(name) or "")
 
     def _deliver(self, frames: list[zmq.Frame]) -> None:
         self.last_recv = time.monotonic()
@@ -236,7 +234,7 @@ class CarrierIngress:
             self._metrics.ingest_errors.labels(self.name).inc()
             log.exception("handling a frame failed", carrier=self.name)
 
-    def send(self, routing_id: bytes, frames: list[bytes]) -> str:
+    def send(self, routing_id: bytes, frames: Sequence[bytes | zmq.Frame]) -> str:
         """Send one message to a peer without blocking; the result says what happened."""
         sock = self._sock
         if sock is None:

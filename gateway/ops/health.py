@@ -87,8 +87,16 @@ class Hysteresis:
         return self.state
 
 
-def raw_state(probe: CarrierProbe, *, draining: bool, degraded: bool) -> tuple[CarrierState, str]:
-    """The state one probe shows before hysteresis, with a short reason."""
+def raw_state(
+    probe: CarrierProbe,
+    *,
+    draining: bool,
+    degraded: bool,
+    why_degraded: str = "a tier has no healthy pool",
+    serving: bool = True,
+) -> tuple[CarrierState, str]:
+    """The state one probe shows before hysteresis, with a short reason. ``serving``: some process can take
+    the carrier's frames (with shards: some shard is alive and ready)."""
     if draining:
         return CarrierState.DRAINING, "gateway draining"
     if probe.disabled:
@@ -99,6 +107,8 @@ def raw_state(probe: CarrierProbe, *, draining: bool, degraded: bool) -> tuple[C
         return CarrierState.DOWN, "receive loop stopped"
     if probe.stalled:
         return CarrierState.DOWN, "input waiting, none read"
+    if not serving:
+        return CarrierState.DOWN, "no shard serving"
     if degraded:
-        return CarrierState.DEGRADED, "a tier has no healthy pool"
+        return CarrierState.DEGRADED, why_degraded
     return CarrierState.UP, "bound and passing traffic"

@@ -48,6 +48,7 @@ class HealthServer:
         stale_after_s: float,
         set_capture: Callable[[float], float] | None = None,
         admin_token: str | None = None,
+        render_metrics: Callable[[], Awaitable[bytes]] | None = None,
     ) -> None:
         """``admin_token``: when set, the /admin routes need ``Authorization: Bearer <token>``."""
         self._host = host
@@ -57,6 +58,7 @@ class HealthServer:
         self._set_enabled = set_carrier_enabled
         self._stale_after_s = stale_after_s
         self._set_capture = set_capture
+        self._render_metrics = render_metrics  # with shards: the front's merge of every shard's series
         self._admin_token = None if admin_token is None else admin_token.encode()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -154,7 +156,7 @@ class HealthServer:
         )
 
     async def _metrics_handler(self, request: web.Request) -> web.Response:
-        body = self._metrics.render()
+        body = self._metrics.render() if self._render_metrics is None else await self._render_metrics()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     @web.middleware

@@ -1,0 +1,85 @@
+"""Reading a plain (not zmq.asyncio) ZeroMQ socket from the event loop's reader callback.
+
+A zmq.asyncio receive costs a Future, a task wake-up and several enum conversions per message, about as
+much as decoding the message. ZMQ_FD is edge-triggered: it fires when the socket's state changed, not while
+messages wait, and any send or ZMQ_EVENTS read on the socket may consume the edge. So the reader drains
+until EAGAIN, a burst at a time, and every send on the socket schedules one more drain for the same tick
+(:meth:`EdgeReader.schedule`). Used by the carriers' ROUTERs and by both ends of the shards' link.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import cast
+
+import zmq
+
+READ_BUDGET_S = 0.002
+"""A wake-up reads messages for at most about this long (a frame of 100 requests takes a few ms), then
+lets everything else on the loop run: a burst of large frames must not keep the CPU workers' answers,
+and so the workers, waiting."""
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: no enum conversion per read
+
+
+class EdgeReader:
+    """Drains one socket on the loop; ``deliver`` gets each message, ``failed`` the error that stops it."""
+
+    def __init__(
+        self,
+        sock: zmq.Socket[bytes],
+        deliver: Callable[[list[zmq.Frame]], None],
+        failed: Callable[[zmq.ZMQError], None],
+        max_messages: int,
+    ) -> None:
+        self._sock = sock
+        self._deliver = deliver
+        self._failed = failed
+        self._max = max_messages
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._scheduled = False
+        self.reading = False
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self._sock.FD, self._read)
+        self.reading = True
+        self.schedule()  # messages may have arrived before the reader was added (no edge for them)
+
+    def stop(self) -> None:
+        if self.reading and self._loop is not None:
+            self._loop.remove_reader(self._sock.FD)
+        self.reading = False
+
+    def schedule(self) -> None:
+        """Drain once more this tick: after a send, or a ZMQ_EVENTS read, which may consume the edge."""
+        if not self._scheduled and self._loop is not None and self.reading:
+            self._scheduled = True
+            self._loop.call_soon(self._read)
+
+    def _read(self) -> None:
+        self._scheduled = False
+        if not self.reading:
+            return
+        sock = self._sock
+        until = time.monotonic() + READ_BUDGET_S
+        for _ in range(self._max):
+            try:
+                # Asking first is cheaper than the exception an empty receive raises; most wake-ups
+                # scheduled after a send find nothing.
+                if not cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:
+                    return
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            except zmq.ZMQError as exc:
+                self.stop()
+                self._failed(exc)
+                return
+            self._deliver(frames)
+            if time.monotonic() >= until:
+                break
+        # A full burst or the time budget: more may wait. Let the batchers, the CPU workers' answers,
+        # replies and health checks run first.
+        self.schedule()
