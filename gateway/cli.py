@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import signal
@@ -39,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", type=Path, help="TOML config file (default: built-in local gateway)")
     parser.add_argument("--http-port", type=int, help="override http.port")
+    parser.add_argument("--shards", type=int, help="override shards (ingest processes; 0: from the cores)")
     parser.add_argument("--log-format", choices=["auto", "json", "console"], help="override logging.format")
     parser.add_argument(
         "--log-level", choices=["debug", "info", "warning", "error"], help="override logging.level"
@@ -115,6 +115,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if args.http_port is not None:
         out["http"] = {"port": args.http_port}
+    if getattr(args, "shards", None) is not None and args.command != "shard":
+        out["shards"] = args.shards
     logging: dict[str, str] = {}
     if args.log_format:
         logging["format"] = args.log_format
@@ -363,11 +365,9 @@ def _run_front(
 
 def _die_with_parent() -> None:
     """A shard gets SIGTERM (and drains) when its front dies, however the front died (Linux prctl)."""
-    import ctypes
+    from inference.pipeline.worker import die_with_parent
 
-    pr_set_pdeathsig = 1
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    die_with_parent(signal.SIGTERM)
     if os.getppid() == 1:  # the front died before prctl took effect
         os.kill(os.getpid(), signal.SIGTERM)
 

@@ -38,6 +38,10 @@ def set_static_fields(**fields: object) -> None:
     _static.update(fields)
 
 
+def static_fields() -> dict[str, object]:
+    return dict(_static)
+
+
 def _add_static(_: object, __: str, event: structlog.types.EventDict) -> structlog.types.EventDict:
     for key, value in _static.items():
         event.setdefault(key, value)

@@ -32,7 +32,7 @@ from inference.pipeline import worker
 from inference.pipeline.arena import FeatureArena, Slot, remove_leftover_arenas, shm_free_bytes
 from inference.pipeline.base import Prepared
 from inference.pipeline.registry import CHEAP_PIPELINES, LOOP_PIPELINES
-from service.logs import LoggingConfig
+from service.logs import LoggingConfig, static_fields
 
 log = structlog.get_logger("gateway.cpu")
 CpuMode = Literal["process", "thread"]
@@ -103,7 +103,7 @@ class CpuStage:
             self._processes = WorkerPool(
                 self.workers,
                 context,
-                initializer=functools.partial(start_worker, self._logging),
+                initializer=functools.partial(start_worker, self._logging, static_fields()),
                 on_restart=self._restarted,
                 task_timeout_s=self.task_timeout_s,
                 on_timeout=self._metrics.cpu_task_timeouts.inc,

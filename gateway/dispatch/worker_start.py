@@ -8,11 +8,13 @@ service's stderr as plain text between its JSON lines.
 from __future__ import annotations
 
 from inference.pipeline import worker
-from service.logs import LoggingConfig, configure_logging
+from service.logs import LoggingConfig, configure_logging, set_static_fields
 
 
-def start_worker(logging: LoggingConfig | None) -> None:
-    """Worker initializer (picklable with its argument): parent-death signal, then the gateway's logging."""
+def start_worker(logging: LoggingConfig | None, fields: dict[str, object] | None = None) -> None:
+    """Worker initializer (picklable with its arguments): parent-death signal, then the gateway's logging
+    with its process's static fields (a shard's ``shard``)."""
     worker.die_with_parent()
+    set_static_fields(**(fields or {}))
     if logging is not None:
         configure_logging(logging)

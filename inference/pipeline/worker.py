@@ -84,15 +84,15 @@ def without_inputs(prepared: Prepared) -> Prepared:
     return dataclasses.replace(prepared, inputs={}, placed={}, slot=None)
 
 
-def die_with_parent() -> None:
-    """Worker initializer: a gateway killed with SIGKILL must not leave its CPU workers behind (Linux)."""
+def die_with_parent(sig: int = 9) -> None:
+    """Worker initializer: a gateway killed with SIGKILL must not leave its CPU workers behind (Linux).
+    ``sig`` is what this process gets when its parent dies (a shard asks for SIGTERM, to drain)."""
     import ctypes
-    import signal
     import sys
 
     if sys.platform.startswith("linux"):
         pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, sig)
 
 
 def ping() -> int:
