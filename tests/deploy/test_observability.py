@@ -10,12 +10,14 @@ import sys
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from edge_agent.agent import EdgeAgent
 from edge_agent.uplink import HANDLED_REJECTS
 from edgewire import labels
-from gateway.testing import run_gateway, wait_for
+from gateway.testing import wait_for
 from tests.edge_agent.conftest import agent_config
+from tests.gateway.daemon.process import SHARDS, GatewayProcess, write_config
 
 DEPLOY = Path(__file__).parents[2] / "deploy"
 METRIC = re.compile(r"\b((?:hkgw|edge)_[a-z0-9_]+)")
@@ -69,18 +71,26 @@ def test_committed_dashboard_is_what_the_generator_writes() -> None:
     assert committed == make_dashboard.dashboard(), "run: python deploy/grafana/make_dashboard.py"
 
 
-async def test_dashboard_and_alerts_use_only_exported_metric_names(models_dir: Path, tmp_path: Path) -> None:
-    """Every metric name in the dashboard and the alert rules is one a running gateway or agent exports."""
-    async with run_gateway(models_dir=models_dir) as gw:
-        endpoints = {name: gw.endpoint(name) for name in gw.carriers}
+@pytest.mark.parametrize("shards", SHARDS)
+async def test_dashboard_and_alerts_use_only_exported_metric_names(
+    models_dir: Path, tmp_path: Path, shards: int
+) -> None:
+    """Every metric name in the dashboard and the alert rules is one a running gateway (the hk-gateway
+    program; with shards, the front's merged /metrics) or agent exports."""
+    gw = GatewayProcess(write_config(tmp_path / "gateway.toml", models_dir, shards=shards))
+    try:
+        await gw.start()
+        endpoints = {name: gw.endpoint(name) for name in gw.ready["carriers"]}
         async with EdgeAgent(agent_config(endpoints, models_dir, tmp_path / "spool")) as agent:
             await wait_for(lambda: agent.uplink is not None and agent.uplink.best() is not None)
             async with aiohttp.ClientSession() as session:
                 texts = []
-                assert gw.http is not None and agent.http is not None
-                for port in (gw.http.port, agent.http.port):
+                assert agent.http is not None
+                for port in (gw.http_port, agent.http.port):
                     async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
                         texts.append(await response.text())
+    finally:
+        await gw.stop()
     exported: set[str] = set()
     for line in "\n".join(texts).splitlines():
         if line.startswith("# TYPE "):

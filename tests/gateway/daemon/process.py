@@ -14,11 +14,24 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from gateway.shards.placement import shard_of
+
+SHARDS = [pytest.param(1, id="shards1"), pytest.param(2, id="shards2")]
+"""For ``@pytest.mark.parametrize("shards", SHARDS)``: the single process, and a front with two shards."""
+
 
 def write_config(
-    path: Path, models_dir: Path, extra: str = "", binds: Mapping[str, str] | None = None, http_port: int = 0
+    path: Path,
+    models_dir: Path,
+    extra: str = "",
+    binds: Mapping[str, str] | None = None,
+    http_port: int = 0,
+    shards: int = 1,
 ) -> Path:
-    """A plaintext test gateway; carriers hgc, pccw, tgt at ``binds`` (default: free loopback ports)."""
+    """A plaintext test gateway; carriers hgc, pccw, tgt at ``binds`` (default: free loopback ports).
+    ``shards`` is written out, 1 included, so that a test never depends on this machine's cores."""
     binds = binds or {}
     carriers = "".join(
         f'[[carriers]]\nname = "{name}"\nbind = "{binds.get(name, "tcp://127.0.0.1:*")}"\n'
@@ -26,6 +39,7 @@ def write_config(
     )
     path.write_text(
         f"""
+shards = {shards}
 instance = "hk-gw-test"
 drain_timeout_s = 10.0
 drain_grace_s = 1.0
@@ -47,6 +61,22 @@ threads = 2
     return path
 
 
+class InterleavedLogLines(AssertionError):
+    """Two processes' log lines came out as one (``{...}{...}``): they share the gateway's stderr."""
+
+
+def agent_ids(shards: int, base: str = "test-agent") -> list[str]:
+    """One agent id per shard, ``ids[i]`` placed on shard ``i`` (``base`` first where it lands), so that
+    traffic reaches every shard of a front."""
+    ids: dict[int, str] = {}
+    for n in range(1000):
+        candidate = base if n == 0 else f"{base}-{n}"
+        ids.setdefault(shard_of(candidate, shards), candidate)
+        if len(ids) == shards:
+            return [ids[i] for i in range(shards)]
+    raise AssertionError(f"no agent ids for all {shards} shards")
+
+
 class GatewayProcess:
     """``hk-gateway --config PATH`` in a subprocess; endpoints read from its 'gateway ready' log line."""
 
@@ -56,6 +86,7 @@ class GatewayProcess:
         self.proc: asyncio.subprocess.Process | None = None
         self.ready: dict[str, Any] = {}
         self.logs: list[dict[str, Any]] = []
+        self.interleaved: list[str] = []  # lines that are two JSON records run together
         self.notify_path = config.parent / "notify.sock"
         self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.notify.bind(str(self.notify_path))
@@ -81,6 +112,8 @@ class GatewayProcess:
         deadline = time.monotonic() + timeout_s
         while not self.ready:
             if time.monotonic() > deadline or self.proc.returncode is not None:
+                if any('"gateway ready"' in line for line in self.interleaved):
+                    raise InterleavedLogLines(f"the ready line ran into another: {self.interleaved}")
                 raise RuntimeError(f"gateway did not become ready: {self.logs[-5:]}")
             await asyncio.sleep(0.05)
 
@@ -90,7 +123,10 @@ class GatewayProcess:
             try:
                 record = json.loads(line)
             except ValueError:
-                record = {"event": line.decode(errors="replace").strip()}
+                text = line.decode(errors="replace").strip()
+                if text.startswith("{") and "}{" in text:
+                    self.interleaved.append(text)
+                record = {"event": text}
             self.logs.append(record)
             if record.get("event") == "gateway ready":
                 self.ready = record
@@ -101,6 +137,27 @@ class GatewayProcess:
     @property
     def http_port(self) -> int:
         return int(self.ready["http_port"])
+
+    @property
+    def shards(self) -> int:
+        """The shards the ready line names (a single-process gateway names none: 1)."""
+        return int(self.ready.get("shards", 1))
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        """The log records with this event, from the front and every shard (they share its stderr)."""
+        return [r for r in self.logs if r.get("event") == name]
+
+    def reloaded_everywhere(self) -> bool:
+        """A "reloaded" line from the process itself (the front) and, with shards, from every shard.
+        Raises InterleavedLogLines while one is missing and a "reloaded" line ran into another line."""
+        lines = self.events("reloaded")
+        shards = {r["shard"] for r in lines if "shard" in r}
+        if any("shard" not in r for r in lines) and (self.shards == 1 or shards == set(range(self.shards))):
+            return True
+        garbled = [line for line in self.interleaved if '"reloaded"' in line]
+        if garbled:
+            raise InterleavedLogLines(f"{len(garbled)} lines ran together: {garbled[:2]}")
+        return False
 
     def read_notifications(self) -> list[str]:
         while True:

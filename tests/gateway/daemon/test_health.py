@@ -18,6 +18,7 @@ from edgewire import pb
 from gateway.ops.health import CarrierState, Hysteresis
 from gateway.server import Gateway, GatewayStartError
 from gateway.testing import WireClient, run_gateway, wait_for
+from tests.gateway.daemon.process import SHARDS, GatewayProcess, agent_ids, write_config
 from tests.gateway.daemon.test_dispatch import backend, split_backends
 from tests.gateway.daemon.test_serving import synthetic
 
@@ -181,23 +182,35 @@ async def test_health_is_answered_while_the_event_loop_is_blocked(models_dir: Pa
     assert all(isinstance(status, int) for status in seen), seen
 
 
-async def test_metrics_scrape_passes_promtool(models_dir: Path, tmp_path: Path) -> None:
-    """After traffic, /metrics is valid Prometheus exposition by promtool's own check."""
+@pytest.mark.parametrize("shards", SHARDS)
+async def test_metrics_scrape_passes_promtool(models_dir: Path, tmp_path: Path, shards: int) -> None:
+    """After traffic, /metrics is valid Prometheus exposition by promtool's own check (with shards: the
+    front's merge of its own series and every shard's, after traffic in each shard)."""
     promtool = shutil.which("promtool")
     assert promtool, "promtool is installed by the test command (Debian package prometheus)"
-    async with run_gateway(models_dir=models_dir) as gw:
-        async with WireClient(gw.endpoint("hgc")) as agent:
-            await agent.infer(synthetic(30, seed=21))
-            await agent.send_raw([b"garbage"])
-            await wait_for(
-                lambda: (
-                    gw.metrics.registry.get_sample_value(
-                        "hkgw_frames_rejected_total", {"carrier": "hgc", "reason": "wrong_frame_count"}
-                    )
-                    == 1.0
-                )
-            )
-        status, body = await get(gw, "/metrics")
+    process = GatewayProcess(write_config(tmp_path / "gateway.toml", models_dir, shards=shards))
+    rejected = 'hkgw_frames_rejected_total{carrier="hgc",reason="wrong_frame_count"} 1.0'
+    try:
+        await process.start()
+        url = f"http://127.0.0.1:{process.http_port}/metrics"
+        async with aiohttp.ClientSession() as session:
+
+            async def scrape() -> tuple[int, str]:
+                async with session.get(url) as resp:
+                    return resp.status, await resp.text()
+
+            for agent_id in agent_ids(shards):
+                async with WireClient(process.endpoint("hgc"), agent_id=agent_id) as agent:
+                    await agent.infer(synthetic(30, seed=21))
+            async with WireClient(process.endpoint("hgc")) as agent:
+                await agent.send_raw([b"garbage"])
+                deadline = time.monotonic() + 10
+                while rejected not in (await scrape())[1]:
+                    assert time.monotonic() < deadline, "the refused frame was not counted"
+                    await asyncio.sleep(0.05)
+            status, body = await scrape()
+    finally:
+        await process.stop()
     assert status == 200
     assert "hkgw_responses_total" in body
     assert "test-agent" not in body  # agent ids are never label values
