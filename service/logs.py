@@ -63,7 +63,8 @@ def configure_logging(config: LoggingConfig) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[config.level]),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),  # one write per line: lines from
+        # several processes on one stderr (a front and its shards) never interleave within a line
         cache_logger_on_first_use=False,
     )
     _route_standard_logging(renderer, _LEVELS[config.level])

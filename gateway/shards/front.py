@@ -543,11 +543,11 @@ class Front:
             log.warning("shards changes at the next restart", running=self.count, configured=fresh.shards)
         if self._auth is not None and agents is not None:
             self._auth.replace(agents)
-        self._logging.apply(fresh.logging)
+        logging_changed = self._logging.apply(fresh.logging)
         for shard in self._shards:
             shard.process.signal(signal.SIGHUP)
         self.metrics.reloads.labels("ok").inc()
-        log.info("reloaded", shards=self.count)
+        log.info("reloaded", shards=self.count, logging_changed=logging_changed)
         return True
 
     async def drain(self) -> None:

@@ -1,7 +1,9 @@
 """The shards' processes: started by the front, restarted when they die, stopped on the front's signals.
 
 A shard is ``python -m gateway [--config PATH] shard --index I --shards N --link EP --overrides JSON``:
-the same program and config file as the front, so a shard reloads (SIGHUP) exactly what the front read.
+the same program, config file and command-line overrides as the front. On SIGHUP the front checks the file
+first and signals the shards only when it is valid; each shard then reads it again itself (a file changed
+again in between is what the shard applies).
 A shard that exits while the front is not stopping is started again after a back-off (0.5 s, doubling to
 10 s; back to 0.5 s once one ran for a minute). Its agents' frames meanwhile find no shard: the front
 counts them, the agents resend what was not acknowledged, and the new incarnation serves it once.

@@ -17,7 +17,6 @@ from gateway.testing import WireClient, fresh_requests, wait_for
 from tests.gateway.daemon.process import (
     SHARDS,
     GatewayProcess,
-    InterleavedLogLines,
     agent_ids,
     write_config,
 )
@@ -51,22 +50,9 @@ async def agents_on_every_shard(process: GatewayProcess, carrier: str) -> AsyncI
         ]
 
 
-# Gateway bug (service/logs.py, configure_logging): each JSON line is written to stderr in two write(2)
-# calls (structlog's PrintLogger prints the message, then "\n"), and a front shares its stderr with its
-# shards, so lines written at the same moment (the "reloaded" of the front and of every shard on SIGHUP)
-# come out as '{...}{...}' then an empty line. Not strict: it happens only when the writes meet.
-RELOAD_CASES = [
-    pytest.param(1, id="shards1"),
-    pytest.param(
-        2,
-        id="shards2",
-        marks=pytest.mark.xfail(
-            raises=InterleavedLogLines,
-            strict=False,
-            reason="bug: a log line is two write(2) calls, so the shards' simultaneous lines interleave",
-        ),
-    ),
-]
+# Every log line is one write(2) (service/logs.py), so the front's and the shards' simultaneous lines (the
+# "reloaded" of each on SIGHUP) never run together; GatewayProcess raises InterleavedLogLines if they do.
+RELOAD_CASES = [pytest.param(1, id="shards1"), pytest.param(2, id="shards2")]
 
 
 async def scrape(process: GatewayProcess, path: str = "/metrics") -> tuple[int, str]:
