@@ -29,6 +29,7 @@ FRONT_OWNED = frozenset(
         "hkgw_carrier_up",
         "hkgw_carrier_peers",
         "hkgw_reloads",
+        "hkgw_shards",
         "hkgw_shards_serving",
     }
 )

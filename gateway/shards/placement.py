@@ -28,8 +28,10 @@ def default_shards(available: int) -> int:
 
 
 def default_workers(available: int, shards: int) -> int:
-    """CPU-stage workers per shard: the cores left to a shard after its event loop, at least one."""
-    return max(1, available // max(1, shards) - 1)
+    """CPU-stage workers per shard: the cores left to a shard after its event loop (and, with shards, after
+    the front's core), at least one."""
+    shards = max(1, shards)
+    return max(1, (available - (1 if shards > 1 else 0)) // shards - 1)
 
 
 def per_shard_concurrency(concurrency: int, shards: int) -> int:

@@ -171,11 +171,6 @@ def test_every_gateway_gauge_has_exactly_one_merge_rule() -> None:
     assert not wrong, f"gauges in no set or in several: {wrong}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: the front's own gauge hkgw_shards (front.py:123) is in none of merge.py's gauge sets "
-    "(FRONT_OWNED lacks it), against merge.py's 'every gauge the gateway exports is in exactly one'",
-)
 def test_every_front_gauge_has_exactly_one_merge_rule(models_dir: Path) -> None:
     """The front's registry (GatewayMetrics and the front's own shard gauges) is what /metrics exports."""
     config = load_config(environ={}, overrides=loopback_overrides(models_dir))

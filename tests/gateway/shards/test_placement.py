@@ -97,13 +97,6 @@ def test_defaults_never_oversubscribe_16_cores() -> None:
     assert processes_busy(16) <= 16
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "bug: default_workers(cores, shards) gives a shard cores // shards - 1 workers, not counting the "
-        "front's core: 6 cores -> 2 shards x (loop + 2 workers) + front = 7 (also 192, 256, ... cores)"
-    ),
-)
 def test_defaults_never_oversubscribe_any_host() -> None:
     """From 3 cores up: shards x (event loop + CPU workers) + the front fit the cores."""
     over = {c: processes_busy(c) for c in range(3, 257) if processes_busy(c) > c}
