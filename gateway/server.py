@@ -40,10 +40,10 @@ from gateway.ingress.auth import (
     load_server_keys,
 )
 from gateway.ingress.carrier import Carrier, CarrierIngress
-from gateway.ops.health import CarrierProbe, CarrierState, HealthSnapshot, Hysteresis, raw_state
-from gateway.ops.http import HealthServer, read_admin_token
+from gateway.ops.health import CarrierHealth, HealthSnapshot
+from gateway.ops.http import HealthServer, admin_token_of
 from gateway.ops.metrics import CloseErrorReason, GatewayMetrics
-from gateway.ops.notify import SystemdNotifier
+from gateway.ops.notify import SystemdNotifier, watchdog
 from gateway.replies import ReplyRouter
 from gateway.shards.link import ShardLink, ShardRole
 from gateway.shards.placement import cores, default_workers, per_shard_concurrency
@@ -141,17 +141,11 @@ class Gateway:
         self.cpu: CpuStage | None = None
         self.capture: CaptureRecorder | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._hysteresis = {
-            c.name: Hysteresis(config.health.rise, config.health.fall) for c in config.carriers
-        }
-        self._disabled: set[str] = set()
-        self._snapshot = HealthSnapshot(
-            time.monotonic(),
-            dict.fromkeys(self._hysteresis, CarrierState.DOWN),
-            {},
-            ready=False,
-            draining=False,
+        health = config.health
+        self._carrier_health = CarrierHealth(
+            [c.name for c in config.carriers], health.rise, health.fall, health.stall_s
         )
+        self._snapshot = self._carrier_health.initial()
         self._started = False
         self._closed = False
         self._geoip: geoip2.database.Reader | None = None
@@ -236,7 +230,7 @@ class Gateway:
             http = self._start_http(admin_token) if self.shard is None else None
             self._background(self._health_loop(), "health")
             if self.notifier.watchdog_s:
-                self._background(self._watchdog_loop(), "watchdog")
+                self._background(watchdog(self.notifier), "watchdog")
             phases.mark("http")
         except BaseException:
             await self.aclose()
@@ -521,11 +515,10 @@ class Gateway:
             self.policy.policy.observe(item.model, item.decision, service_s)
 
     def _admin_token(self) -> str | None:
-        token_file = self.config.http.admin_token_file
         try:
-            return None if token_file is None else read_admin_token(token_file)
+            return admin_token_of(self.config.http.admin_token_file)
         except ValueError as exc:
-            raise GatewayStartError(f"http.admin_token_file: {exc}") from exc
+            raise GatewayStartError(str(exc)) from exc
 
     def _start_http(self, admin_token: str | None) -> HealthServer:
         """Health, metrics and admin routes on their own thread (gateway/ops/http.py)."""
@@ -562,21 +555,11 @@ class Gateway:
     def _evaluate_health(self) -> None:
         now = time.monotonic()
         tiers = self._tier_health(now)
-        degraded = not all(tiers.values())
-        states: dict[str, CarrierState] = {}
-        details: dict[str, str] = {}
-        for name, hysteresis in self._hysteresis.items():
-            carrier = self.carriers.get(name)
-            probe = CarrierProbe(
-                bound=carrier is not None and carrier.bound,
-                receiving=carrier is not None and carrier.receiving,
-                stalled=carrier is None or carrier.stalled(now, self.config.health.stall_s),
-                disabled=name in self._disabled,
-            )
-            raw, why = raw_state(probe, draining=self.draining, degraded=degraded)
-            states[name] = hysteresis.update(raw)
-            details[name] = why if states[name] is raw else f"{why} (holding {states[name].value})"
-            self.metrics.carrier_up.labels(name).set(states[name].gauge)
+        states, details = self._carrier_health.evaluate(
+            self.carriers, now, draining=self.draining, degraded=not all(tiers.values())
+        )
+        for name, state in states.items():
+            self.metrics.carrier_up.labels(name).set(state.gauge)
         ready = bool(tiers) and all(tiers.values()) and any(c.bound for c in self.carriers.values())
         self.metrics.ready.set(1 if ready and not self.draining else 0)
         self._snapshot = HealthSnapshot(
@@ -602,12 +585,6 @@ class Gateway:
                 }
             )
 
-    async def _watchdog_loop(self) -> None:
-        # Sent from the event loop itself: a wedged loop stops the pings and systemd restarts us.
-        while True:
-            self.notifier.notify("WATCHDOG=1")
-            await asyncio.sleep(self.notifier.watchdog_s / 2)
-
     @property
     def snapshot(self) -> HealthSnapshot:
         return self._snapshot
@@ -615,17 +592,16 @@ class Gateway:
     @property
     def disabled_carriers(self) -> frozenset[str]:
         """Carriers an operator disabled (POST /admin/carriers/<name>/disable), in memory only."""
-        return frozenset(self._disabled)
+        return frozenset(self._carrier_health.disabled)
 
     def set_carrier_enabled(self, name: str, enabled: bool) -> bool:
-        if name not in self._hysteresis:
+        if not self._carrier_health.set_enabled(name, enabled):
             return False
-        (self._disabled.discard if enabled else self._disabled.add)(name)
         self._evaluate_health()
         return True
 
     def _set_carrier_enabled_threadsafe(self, name: str, enabled: bool) -> bool:
-        if name not in self._hysteresis or self._loop is None:
+        if not self._carrier_health.knows(name) or self._loop is None:
             return False
         self._loop.call_soon_threadsafe(self.set_carrier_enabled, name, enabled)
         return True

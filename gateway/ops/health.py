@@ -8,8 +8,10 @@ snapshot that stops being refreshed (a wedged loop) reads as DOWN.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 
 class CarrierState(enum.StrEnum):
@@ -112,3 +114,71 @@ def raw_state(
     if degraded:
         return CarrierState.DEGRADED, why_degraded
     return CarrierState.UP, "bound and passing traffic"
+
+
+class Probed(Protocol):
+    """What health reads of a carrier (gateway.ingress.carrier.Carrier has it)."""
+
+    @property
+    def bound(self) -> bool: ...
+
+    @property
+    def receiving(self) -> bool: ...
+
+    def stalled(self, now: float, stall_s: float) -> bool: ...
+
+
+class CarrierHealth:
+    """Every carrier's state with hysteresis, and the carriers an operator disabled (in memory only): what
+    one gateway process and a shards' front both evaluate each health interval."""
+
+    def __init__(self, names: Iterable[str], rise: int, fall: int, stall_s: float) -> None:
+        self._hysteresis = {name: Hysteresis(rise, fall) for name in names}
+        self._stall_s = stall_s
+        self.disabled: set[str] = set()
+
+    def initial(self) -> HealthSnapshot:
+        return HealthSnapshot(
+            time.monotonic(),
+            dict.fromkeys(self._hysteresis, CarrierState.DOWN),
+            {},
+            ready=False,
+            draining=False,
+        )
+
+    def knows(self, name: str) -> bool:
+        return name in self._hysteresis
+
+    def set_enabled(self, name: str, enabled: bool) -> bool:
+        if name not in self._hysteresis:
+            return False
+        (self.disabled.discard if enabled else self.disabled.add)(name)
+        return True
+
+    def evaluate(
+        self,
+        carriers: Mapping[str, Probed],
+        now: float,
+        *,
+        draining: bool,
+        degraded: bool,
+        why_degraded: str = "a tier has no healthy pool",
+        serving: bool = True,
+    ) -> tuple[dict[str, CarrierState], dict[str, str]]:
+        """Each carrier's state now (after hysteresis) and why."""
+        states: dict[str, CarrierState] = {}
+        details: dict[str, str] = {}
+        for name, hysteresis in self._hysteresis.items():
+            carrier = carriers.get(name)
+            probe = CarrierProbe(
+                bound=carrier is not None and carrier.bound,
+                receiving=carrier is not None and carrier.receiving,
+                stalled=carrier is None or carrier.stalled(now, self._stall_s),
+                disabled=name in self.disabled,
+            )
+            raw, why = raw_state(
+                probe, draining=draining, degraded=degraded, why_degraded=why_degraded, serving=serving
+            )
+            states[name] = hysteresis.update(raw)
+            details[name] = why if states[name] is raw else f"{why} (holding {states[name].value})"
+        return states, details

@@ -24,6 +24,14 @@ _TEXT = "text/plain"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+def admin_token_of(path: Path | None) -> str | None:
+    """``http.admin_token_file``'s token, None without one; ValueError says what is wrong with the file."""
+    try:
+        return None if path is None else read_admin_token(path)
+    except ValueError as exc:
+        raise ValueError(f"http.admin_token_file: {exc}") from exc
+
+
 def read_admin_token(path: Path) -> str:
     """The token in ``path`` (surrounding whitespace dropped); a ValueError says why it is unusable."""
     try:

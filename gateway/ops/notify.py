@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 
@@ -38,3 +39,11 @@ class SystemdNotifier:
                 return
         if len(self.sent) < 64:
             self.sent.append(state)
+
+
+async def watchdog(notifier: SystemdNotifier) -> None:
+    """WATCHDOG=1 every half interval, sent from the event loop itself: a wedged loop stops the pings and
+    systemd restarts the service."""
+    while True:
+        notifier.notify("WATCHDOG=1")
+        await asyncio.sleep(notifier.watchdog_s / 2)

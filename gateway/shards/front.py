@@ -46,10 +46,10 @@ from gateway.ingress.auth import (
 )
 from gateway.ingress.carrier import Carrier, CarrierIngress, SendResult
 from gateway.ingress.reader import EdgeReader
-from gateway.ops.health import CarrierProbe, CarrierState, HealthSnapshot, Hysteresis, raw_state
-from gateway.ops.http import HealthServer, read_admin_token
+from gateway.ops.health import CarrierHealth, HealthSnapshot
+from gateway.ops.http import HealthServer, admin_token_of
 from gateway.ops.metrics import NS, GatewayMetrics
-from gateway.ops.notify import SystemdNotifier
+from gateway.ops.notify import SystemdNotifier, watchdog
 from gateway.shards.link import (
     COMMAND,
     FRAME,
@@ -73,7 +73,10 @@ START_TIMEOUT_S = 180.0
 SCRAPE_WAIT_S = 1.0
 """/metrics waits this long for every live shard's series; a shard that has not answered by then
 contributes the last series it sent."""
-FAILED_START_CODES = (2, 3)  # the CLI's EXIT_CONFIG and EXIT_START: a config or start-up the shard refuses
+FAILED_START_CODES = (
+    2,
+    3,
+)  # gateway.cli's EXIT_CONFIG and EXIT_START: a config or start-up the shard refuses
 
 
 class FrontStartError(RuntimeError):
@@ -138,17 +141,11 @@ class Front:
         self._link_reader: EdgeReader | None = None
         self._run_dir: str | None = None
         self.http: HealthServer | None = None
-        self._hysteresis = {
-            c.name: Hysteresis(config.health.rise, config.health.fall) for c in config.carriers
-        }
-        self._disabled: set[str] = set()
-        self._snapshot = HealthSnapshot(
-            time.monotonic(),
-            dict.fromkeys(self._hysteresis, CarrierState.DOWN),
-            {},
-            ready=False,
-            draining=False,
+        health = config.health
+        self._carrier_health = CarrierHealth(
+            [c.name for c in config.carriers], health.rise, health.fall, health.stall_s
         )
+        self._snapshot = self._carrier_health.initial()
         self._retired = Retired()
         self._scrape_id = 0
         self._scraped: asyncio.Event | None = None
@@ -204,7 +201,7 @@ class Front:
             http = self._start_http(admin_token)
             self._background(self._health_loop(), "health")
             if self.notifier.watchdog_s:
-                self._background(self._watchdog_loop(), "watchdog")
+                self._background(watchdog(self.notifier), "watchdog")
         except BaseException:
             await self.aclose()
             raise
@@ -264,11 +261,10 @@ class Front:
         return curve_options(public, secret)
 
     def _admin_token(self) -> str | None:
-        token_file = self.config.http.admin_token_file
         try:
-            return None if token_file is None else read_admin_token(token_file)
+            return admin_token_of(self.config.http.admin_token_file)
         except ValueError as exc:
-            raise FrontStartError(f"http.admin_token_file: {exc}") from exc
+            raise FrontStartError(str(exc)) from exc
 
     def _start_http(self, admin_token: str | None) -> HealthServer:
         cfg = self.config
@@ -420,22 +416,16 @@ class Front:
         missing = self.count - len(serving)
         degraded = missing > 0 or not all(tiers.values())
         why = f"{missing} of {self.count} shards not serving" if missing else "a tier has no healthy pool"
-        states: dict[str, CarrierState] = {}
-        details: dict[str, str] = {}
-        for name, hysteresis in self._hysteresis.items():
-            carrier = self.carriers.get(name)
-            probe = CarrierProbe(
-                bound=carrier is not None and carrier.bound,
-                receiving=carrier is not None and carrier.receiving,
-                stalled=carrier is None or carrier.stalled(now, self.config.health.stall_s),
-                disabled=name in self._disabled,
-            )
-            raw, detail = raw_state(
-                probe, draining=self.draining, degraded=degraded, why_degraded=why, serving=bool(serving)
-            )
-            states[name] = hysteresis.update(raw)
-            details[name] = detail if states[name] is raw else f"{detail} (holding {states[name].value})"
-            self.metrics.carrier_up.labels(name).set(states[name].gauge)
+        states, details = self._carrier_health.evaluate(
+            self.carriers,
+            now,
+            draining=self.draining,
+            degraded=degraded,
+            why_degraded=why,
+            serving=bool(serving),
+        )
+        for name, state in states.items():
+            self.metrics.carrier_up.labels(name).set(state.gauge)
         ready = (
             bool(serving)
             and bool(tiers)
@@ -454,26 +444,18 @@ class Front:
             self._check_shards(time.monotonic())
             self._evaluate_health()
 
-    async def _watchdog_loop(self) -> None:
-        # From the front's loop: a wedged front stops the pings and systemd restarts the service; a wedged
-        # shard stops its status and the front restarts it (_check_shards).
-        while True:
-            self.notifier.notify("WATCHDOG=1")
-            await asyncio.sleep(self.notifier.watchdog_s / 2)
-
     @property
     def snapshot(self) -> HealthSnapshot:
         return self._snapshot
 
     def set_carrier_enabled(self, name: str, enabled: bool) -> bool:
-        if name not in self._hysteresis:
+        if not self._carrier_health.set_enabled(name, enabled):
             return False
-        (self._disabled.discard if enabled else self._disabled.add)(name)
         self._evaluate_health()
         return True
 
     def _set_carrier_enabled_threadsafe(self, name: str, enabled: bool) -> bool:
-        if name not in self._hysteresis or self._loop is None:
+        if not self._carrier_health.knows(name) or self._loop is None:
             return False
         self._loop.call_soon_threadsafe(self.set_carrier_enabled, name, enabled)
         return True
