@@ -176,6 +176,12 @@ async def settled(pdns: PowerDNS) -> None:
     """The first queries start the health checks (until they report, every carrier counts as down)."""
     europe = CLIENTS["europe"][0]
     await wait_for(lambda: pdns.addresses(europe) == [CARRIERS["tgt"]], 10, what="first health checks")
+    # Each carrier's check reports on its own: wait until every one has (every SRV answer lists all three).
+    await wait_for(
+        lambda: all({c for _, c in pdns.srv(subnet)} == set(CARRIERS) for subnet, _ in CLIENTS.values()),
+        10,
+        what="every carrier's first health check",
+    )
 
 
 async def admin(gateway: GatewayProcess, carrier: str, action: str) -> None:
