@@ -65,6 +65,9 @@ class Carrier:
     def close(self) -> None:
         """Close the socket and its monitor (the tasks reading them are the caller's to cancel)."""
         if self.monitor is not None:
+            # First: libzmq's I/O thread sends each event to the monitor blocking, holding the socket's
+            # monitor mutex; an event after the monitor's other end closed would block it for good.
+            self.sock.disable_monitor()
             self.monitor.close(0)
             self.monitor = None
         self.sock.close(0)

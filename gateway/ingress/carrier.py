@@ -21,6 +21,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from gateway.config import CarrierConfig, LimitsConfig, ZmqConfig
+from gateway.ingress.parts import send_parts
 from gateway.ingress.reader import EdgeReader
 from gateway.ops.metrics import GatewayMetrics
 
@@ -91,6 +92,19 @@ class SendResult:
     CLOSED = "closed"
 
 
+def send_to_peer(sock: zmq.Socket[bytes], routing_id: bytes, frames: Sequence[bytes | zmq.Frame]) -> str:
+    """One message to a peer of a ROUTER with ROUTER_MANDATORY, without blocking; what happened."""
+    try:
+        send_parts(sock, [routing_id, *frames])
+    except zmq.Again:
+        return SendResult.FULL
+    except zmq.ZMQError as exc:
+        if exc.errno == errno.EHOSTUNREACH:
+            return SendResult.UNREACHABLE
+        raise
+    return SendResult.SENT
+
+
 class CarrierIngress:
     """Receives agent traffic on one carrier and sends replies to agents connected through it."""
 
@@ -115,6 +129,8 @@ class CarrierIngress:
         self._sock: zmq.Socket[bytes] | None = None
         self._owner: zmq.asyncio.Socket | None = None
         self._reader: EdgeReader | None = None
+        self._handed: Callable[[float, float], bool] | None = None  # the traffic thread's stall test
+        self._endpoint = config.bind
         self._tasks: list[asyncio.Task[None]] = []
         self.peers = 0
         self.last_recv = 0.0
@@ -150,6 +166,8 @@ class CarrierIngress:
             sock.close(0)
             raise
         self._owner = sock
+        last = sock.getsockopt(zmq.LAST_ENDPOINT)
+        self._endpoint = last.decode() if isinstance(last, bytes) else str(last)
         # Traffic goes through a plain view of the same socket (see "traffic" below); the zmq.asyncio
         # socket owns it, and its monitor, and closes them.
         self._sock = zmq.Socket.shadow(sock.underlying)
@@ -166,6 +184,11 @@ class CarrierIngress:
         log.info("carrier bound", carrier=self.name, endpoint=self.endpoint, curve=bool(self._security))
 
     async def close(self) -> None:
+        # The monitor goes first: libzmq's I/O thread sends each event to the monitor socket blocking,
+        # holding the socket's monitor mutex, so an event (an agent disconnecting) after our end of the
+        # monitor closed would block that thread for good and disable_monitor() with it (libzmq #3575).
+        if self._owner is not None:
+            self._owner.disable_monitor()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -173,17 +196,25 @@ class CarrierIngress:
         self._stop_reading()
         self._sock = None
         if self._owner is not None:
-            self._owner.disable_monitor()
             self._owner.close(self._zcfg.linger_ms)
             self._owner = None
+
+    def hand_over(self, stalled: Callable[[float, float], bool]) -> zmq.Socket[bytes]:
+        """Give the socket's traffic to another thread (the shards' front: gateway/shards/relay.py): the
+        loop stops reading it and from now on only that thread receives and sends on it, keeping
+        ``last_recv`` and ``messages`` and setting ``failed``. ``stalled(now, stall_s)`` is that thread's
+        own answer to :meth:`stalled` (it reads whenever input waits, so it stalls only when it is stuck).
+        The monitor, ZAP and close stay here."""
+        if self._sock is None:
+            raise RuntimeError(f"carrier {self.name} is not bound")
+        self._stop_reading()
+        self._handed = stalled
+        return self._sock
 
     @property
     def endpoint(self) -> str:
         """The address actually bound (``tcp://127.0.0.1:*`` binds a free port)."""
-        if self._sock is None:
-            return self.bind
-        last = self._sock.getsockopt(zmq.LAST_ENDPOINT)
-        return last.decode() if isinstance(last, bytes) else str(last)
+        return self._endpoint
 
     @property
     def silent_after_s(self) -> float:
@@ -195,12 +226,16 @@ class CarrierIngress:
 
     @property
     def receiving(self) -> bool:
+        if self._handed is not None:
+            return self._sock is not None and self.failed is None
         return self._reader is not None and self._reader.reading and self.failed is None
 
     def stalled(self, now: float, stall_s: float) -> bool:
         """True when input is waiting but nothing was read for ``stall_s``: the carrier passes no traffic."""
         if self._sock is None:
             return True
+        if self._handed is not None:
+            return self._handed(now, stall_s)
         pending = bool(int(self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
         if pending:
             # Reading ZMQ_EVENTS consumes the FD's edge: whatever is waiting is read on the next tick.
@@ -240,16 +275,9 @@ class CarrierIngress:
         if sock is None:
             return SendResult.CLOSED
         try:
-            sock.send_multipart([routing_id, *frames], flags=zmq.NOBLOCK)
-        except zmq.Again:
-            return SendResult.FULL
-        except zmq.ZMQError as exc:
-            if exc.errno == errno.EHOSTUNREACH:
-                return SendResult.UNREACHABLE
-            raise
+            return send_to_peer(sock, routing_id, frames)
         finally:
             self._schedule_read()
-        return SendResult.SENT
 
     async def _monitor(self, monitor: zmq.asyncio.Socket) -> None:
         try:

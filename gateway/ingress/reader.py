@@ -16,6 +16,8 @@ from typing import cast
 
 import zmq
 
+from gateway.ingress.parts import recv_parts
+
 READ_BUDGET_S = 0.002
 """A wake-up reads messages for at most about this long (a frame of 100 requests takes a few ms), then
 lets everything else on the loop run: a burst of large frames must not keep the CPU workers' answers,
@@ -70,7 +72,7 @@ class EdgeReader:
                 # scheduled after a send find nothing.
                 if not cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:
                     return
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = recv_parts(sock)
             except zmq.Again:
                 return
             except zmq.ZMQError as exc:

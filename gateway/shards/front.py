@@ -4,7 +4,9 @@ systemd watchdog) and none of the work: each agent frame goes, as it arrived, to
 
 Per frame the front reads the agent id (ZAP's ``User-Id`` under CURVE, else the envelope's, one upb parse
 of frame 0), picks the shard (placement.shard_of) and sends the frame's parts on the link without copying
-them; a reply from a shard goes out on the carrier the shard names. Frames for a shard that is not
+them; a reply from a shard goes out on the carrier the shard names. Both run on one thread of their own
+(gateway/shards/relay.py) once the carriers are bound; the event loop keeps health, metrics, the shards'
+lives, ZAP and the watchdog. Frames for a shard that is not
 connected (dead, restarting) are dropped and counted (``hkgw_shard_frames_dropped_total{reason}``): the
 agent resends what was not acknowledged, and it reaches the same shard once it is back.
 
@@ -16,7 +18,6 @@ serve. A shard that stops reporting for ``wedged_after_s`` is killed and started
 from __future__ import annotations
 
 import asyncio
-import errno
 import json
 import os
 import shutil
@@ -44,7 +45,7 @@ from gateway.ingress.auth import (
     load_directory,
     load_server_keys,
 )
-from gateway.ingress.carrier import Carrier, CarrierIngress, SendResult
+from gateway.ingress.carrier import CarrierIngress
 from gateway.ingress.reader import EdgeReader
 from gateway.ops.health import CarrierHealth, HealthSnapshot
 from gateway.ops.http import HealthServer, admin_token_of
@@ -55,7 +56,6 @@ from gateway.shards.link import (
     FRAME,
     METRICS,
     QUERY,
-    REPLY,
     STATUS,
     link_socket_options,
     shard_routing_id,
@@ -63,6 +63,7 @@ from gateway.shards.link import (
 )
 from gateway.shards.merge import Retired, merge
 from gateway.shards.placement import shard_of
+from gateway.shards.relay import Relay
 from gateway.shards.supervisor import ShardProcess, shard_command
 from service.logs import LogSettings
 
@@ -138,7 +139,8 @@ class Front:
         self._auth: AgentAuthenticator | None = None
         self._link_owner: zmq.asyncio.Socket | None = None
         self._link: zmq.Socket[bytes] | None = None
-        self._link_reader: EdgeReader | None = None
+        self._link_reader: EdgeReader | None = None  # until the carriers are bound; then the relay's
+        self._relay: Relay | None = None
         self._run_dir: str | None = None
         self.http: HealthServer | None = None
         health = config.health
@@ -186,7 +188,7 @@ class Front:
             shards_ms = round((time.monotonic() - started) * 1000, 1)
             for index, carrier_cfg in enumerate(cfg.carriers):
                 carrier = CarrierIngress(
-                    carrier_cfg, self._ctx, cfg.zmq, cfg.limits, self.metrics, self._forward, security
+                    carrier_cfg, self._ctx, cfg.zmq, cfg.limits, self.metrics, self._no_reader, security
                 )
                 try:
                     carrier.start()
@@ -197,6 +199,7 @@ class Front:
                 self.carriers[carrier_cfg.name] = carrier
                 self._carrier_list.append(carrier)
                 self._tags[carrier_cfg.name] = tag(FRAME, index)
+            self._start_relay()
             self._evaluate_health()
             http = self._start_http(admin_token)
             self._background(self._health_loop(), "health")
@@ -233,6 +236,26 @@ class Front:
         )
         self._link_reader.start()
         return endpoint
+
+    def _start_relay(self) -> None:
+        """From here on one thread moves all traffic (gateway/shards/relay.py); the loop keeps the rest."""
+        assert self._ctx is not None
+        assert self._link is not None
+        assert self._loop is not None
+        if self._link_reader is not None:
+            self._link_reader.stop()  # the relay reads the link from now on (zmq_poll misses no edge)
+        self._relay = Relay(
+            self._ctx,
+            self._link,
+            self._carrier_list,
+            self._forward,
+            self._from_shard,
+            lambda reason: self._dropped.labels(reason).inc(),
+            self.metrics,
+            self._loop,
+            self.config.zmq.max_messages_per_wakeup,
+        )
+        self._relay.start()
 
     async def _wait_for_shards(self, deadline: float) -> None:
         while not all(s.reported for s in self._shards):
@@ -287,11 +310,12 @@ class Front:
 
     # ------------------------------------------------------------------ frames both ways
 
-    def _forward(self, carrier: Carrier, frames: list[zmq.Frame]) -> None:
-        """An agent's message to its shard, parts as received: [routing id, envelope, payload]."""
-        link = self._link
-        if link is None:
-            return
+    def _no_reader(self, carrier: object, frames: list[zmq.Frame]) -> None:
+        raise AssertionError("the front's carriers are read by its relay thread")
+
+    def _forward(self, carrier: CarrierIngress, frames: list[zmq.Frame]) -> list[bytes | zmq.Frame]:
+        """An agent's message -> the link message that takes it to its shard, parts as received
+        ([routing id, envelope, payload]). On the relay thread."""
         header = frames[1] if len(frames) > 1 else frames[0]
         if self._auth is not None:
             user, peer = carrier.peer_property(header, "User-Id"), ""
@@ -301,26 +325,14 @@ class Front:
             agent = self._envelope_agent(header)
         # A frame that names no agent goes to a shard by its connection, to be refused there with a reason.
         index = shard_of(agent, self.count) if agent else zlib.crc32(frames[0].bytes) % self.count
-        shard = self._shards[index]
-        parts: list[bytes | zmq.Frame] = [
-            shard.routing_id,
+        return [
+            self._shards[index].routing_id,
             self._tags[carrier.name],
             frames[0],
             user.encode(),
             peer.encode(),
             *frames[1:],
         ]
-        try:
-            link.send_multipart(parts, flags=zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            self._dropped.labels("shard_busy").inc()
-        except zmq.ZMQError as exc:
-            if exc.errno != errno.EHOSTUNREACH:
-                raise
-            self._dropped.labels("shard_down").inc()
-        finally:
-            if self._link_reader is not None:
-                self._link_reader.schedule()
 
     def _envelope_agent(self, header: zmq.Frame) -> str:
         if len(header) > self.config.limits.max_header_bytes:
@@ -331,17 +343,14 @@ class Front:
             return ""
 
     def _from_shard(self, frames: list[zmq.Frame]) -> None:
+        """What a shard tells the front itself (on the loop); its replies to agents the relay sends."""
         shard = self._by_routing_id.get(frames[0].bytes)
         if shard is None or len(frames) < 2:
             log.error("message on the link from no known shard", parts=len(frames))
             return
         head = frames[1].bytes
         kind = head[:1]
-        if kind == REPLY and len(head) == 2 and len(frames) >= 3 and head[1] < len(self._carrier_list):
-            result = self._carrier_list[head[1]].send(frames[2].bytes, frames[3:])
-            if result != SendResult.SENT:
-                self._dropped.labels(f"reply_{result}").inc()
-        elif kind == STATUS and len(frames) == 3:
+        if kind == STATUS and len(frames) == 3:
             shard.status = json.loads(frames[2].bytes)
             shard.status_at = time.monotonic()
             shard.reported = True
@@ -359,6 +368,8 @@ class Front:
         log.error("shard link receive failed", error=repr(exc))
 
     def _send_to(self, shard: _Shard, parts: list[bytes]) -> bool:
+        if self._relay is not None:
+            return self._relay.to_shard([shard.routing_id, *parts])
         if self._link is None:
             return False
         try:
@@ -545,7 +556,8 @@ class Front:
         log.info("draining", shards=self.count, deadline_s=cfg.drain_timeout_s, grace_s=cfg.drain_grace_s)
         limit = cfg.drain_grace_s + cfg.drain_timeout_s + 10.0
         await asyncio.gather(*(s.process.stop(limit) for s in self._shards))
-        self._read_link_dry()
+        if self._relay is None:
+            self._read_link_dry()  # else the relay passes the last replies on as it stops
         log.info("drained", shards=self.count, exits=[s.process.exits[-1:] for s in self._shards])
 
     def _read_link_dry(self) -> None:
@@ -570,6 +582,9 @@ class Front:
         await asyncio.gather(*(s.process.stop(5.0) for s in self._shards))
         if self.http is not None:
             self.http.stop()
+        if self._relay is not None:
+            self._relay.stop()  # first: it sends on the carriers and the link until it ends
+            self._relay = None
         for carrier in self.carriers.values():
             await carrier.close()
         if self._link_reader is not None:

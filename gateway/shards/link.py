@@ -35,6 +35,7 @@ import zmq.asyncio
 
 from gateway.config import ZmqConfig
 from gateway.ingress.carrier import OnMessage, SendResult, silent_after_s
+from gateway.ingress.parts import send_parts
 from gateway.ingress.reader import EdgeReader
 from gateway.ops.metrics import GatewayMetrics
 
@@ -165,7 +166,7 @@ class ShardLink:
         if sock is None:
             return SendResult.CLOSED
         try:
-            sock.send_multipart(parts, flags=zmq.NOBLOCK, copy=False)
+            send_parts(sock, parts)
         except zmq.Again:
             return SendResult.FULL
         finally:

@@ -1,0 +1,178 @@
+"""The front's relay thread on real sockets: a carrier's ROUTER on loopback, the link's ROUTER over ipc and a
+DEALER standing in for a shard. Frames go to the shard the front's route names, replies back to the agent,
+what a shard says to the front reaches the loop, a bug in one frame's route is counted and the rest flow,
+the last replies are passed on at stop, and a dead thread makes the carrier stalled and not receiving."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from gateway.config import CarrierConfig, LimitsConfig, ZmqConfig
+from gateway.ingress.carrier import CarrierIngress
+from gateway.ingress.parts import recv_parts, send_parts
+from gateway.ops.metrics import GatewayMetrics
+from gateway.shards.link import REPLY, STATUS, tag
+from gateway.shards.relay import Relay
+
+SHARD_ID = b"shard-0"
+TIMEOUT_MS = 5000
+
+
+@dataclass
+class Rig:
+    relay: Relay
+    carrier: CarrierIngress
+    agent: zmq.Socket[bytes]
+    shard: zmq.Socket[bytes]
+    metrics: GatewayMetrics
+    to_front: list[list[bytes]] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+
+
+def _recv(sock: zmq.Socket[bytes]) -> list[bytes]:
+    assert sock.poll(TIMEOUT_MS), "nothing arrived"
+    return [bytes(f.buffer) for f in recv_parts(sock)]
+
+
+@asynccontextmanager
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    ctx = zmq.asyncio.Context()
+    metrics = GatewayMetrics(models={})
+    zcfg = ZmqConfig()
+    carrier = CarrierIngress(
+        CarrierConfig(name="hgc", bind="tcp://127.0.0.1:*"),
+        ctx,
+        zcfg,
+        LimitsConfig(),
+        metrics,
+        lambda c, f: pytest.fail("the loop must not read a carrier handed to the relay"),
+    )
+    carrier.start()
+    link = zmq.Socket(ctx, zmq.ROUTER)
+    link.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    link.bind(f"ipc://{tmp_path}/link")
+    shard = zmq.Socket(ctx, zmq.DEALER)
+    shard.setsockopt(zmq.ROUTING_ID, SHARD_ID)
+    shard.connect(f"ipc://{tmp_path}/link")
+    agent = zmq.Socket(ctx, zmq.DEALER)
+    agent.setsockopt(zmq.ROUTING_ID, b"agent-a")
+    agent.connect(carrier.endpoint)
+    to_front: list[list[bytes]] = []
+    dropped: list[str] = []
+
+    def route(c: CarrierIngress, frames: list[zmq.Frame]) -> list[bytes | zmq.Frame] | None:
+        if frames[1].bytes == b"boom":
+            raise ValueError("a bug in routing one frame")
+        if frames[1].bytes == b"nowhere":
+            return [b"shard-9", tag(b"F", 0), *frames]  # a shard that is not connected
+        return [SHARD_ID, tag(b"F", 0), *frames]
+
+    relay = Relay(
+        ctx,
+        link,
+        [carrier],
+        route,
+        lambda frames: to_front.append([bytes(f.buffer) for f in frames]),
+        dropped.append,
+        metrics,
+        asyncio.get_running_loop(),
+        max_messages=8,
+    )
+    r = Rig(relay, carrier, agent, shard, metrics, to_front, dropped)
+    relay.start()
+    # the shard's DEALER says hello first, so that the link's ROUTER knows its routing id
+    send_parts(shard, [STATUS, b"{}"])
+    await _until(lambda: bool(to_front))
+    to_front.clear()
+    try:
+        yield r
+    finally:
+        relay.stop()
+        for sock in (agent, shard, link):
+            sock.close(0)
+        await carrier.close()
+        ctx.term()
+
+
+async def _until(condition: object, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_frames_to_the_shard_and_replies_to_the_agent(tmp_path: Path) -> None:
+    async with rig(tmp_path) as r:
+        for i in range(20):  # more than one burst (max_messages 8)
+            r.agent.send_multipart([b"envelope-%d" % i, b"payload"])
+        got = [await asyncio.to_thread(_recv, r.shard) for _ in range(20)]
+        assert [g[0] for g in got] == [tag(b"F", 0)] * 20
+        assert [g[1] for g in got] == [b"agent-a"] * 20  # the agent's routing id on that carrier
+        assert [g[2] for g in got] == [b"envelope-%d" % i for i in range(20)]
+        assert r.carrier.messages == 20
+        assert r.carrier.last_recv > 0
+        send_parts(r.shard, [tag(REPLY, 0), b"agent-a", b"answer-head", b"answer-body"])
+        assert await asyncio.to_thread(_recv, r.agent) == [b"answer-head", b"answer-body"]
+        # a reply to an agent the carrier does not know is counted, not sent
+        send_parts(r.shard, [tag(REPLY, 0), b"agent-gone", b"x"])
+        send_parts(r.shard, [STATUS, b'{"ready": true}'])
+        await _until(lambda: bool(r.to_front))
+        assert r.to_front == [[SHARD_ID, STATUS, b'{"ready": true}']]
+        assert r.dropped == ["reply_unreachable"]
+
+
+async def test_a_bad_frame_is_counted_and_the_rest_flow(tmp_path: Path) -> None:
+    async with rig(tmp_path) as r:
+        r.agent.send_multipart([b"boom", b"payload"])
+        r.agent.send_multipart([b"nowhere", b"payload"])
+        r.agent.send_multipart([b"fine", b"payload"])
+        got = await asyncio.to_thread(_recv, r.shard)
+        assert got[2] == b"fine"
+        assert r.metrics.ingest_errors.labels("hgc")._value.get() == 1
+        assert r.dropped == ["shard_down"]
+        assert r.relay.failed is None and r.carrier.receiving
+
+
+async def test_the_loop_reaches_a_shard_and_stop_passes_the_last_replies_on(tmp_path: Path) -> None:
+    async with rig(tmp_path) as r:
+        assert r.relay.to_shard([SHARD_ID, b"Q", b"7"])
+        assert await asyncio.to_thread(_recv, r.shard) == [b"Q", b"7"]
+        r.agent.send_multipart([b"hello", b"p"])
+        await asyncio.to_thread(_recv, r.shard)
+        for i in range(50):
+            send_parts(r.shard, [tag(REPLY, 0), b"agent-a", b"last-%d" % i])
+        r.relay.stop()  # whatever the thread had not read yet, it reads and sends before it ends
+        got = [await asyncio.to_thread(_recv, r.agent) for _ in range(50)]
+        assert got == [[b"last-%d" % i] for i in range(50)]
+        assert not r.relay.to_shard([SHARD_ID, b"Q", b"8"])
+
+
+async def test_the_thread_notes_it_is_alive_without_traffic(tmp_path: Path) -> None:
+    async with rig(tmp_path) as r:
+        before = r.relay.cycle_at
+        await _until(lambda: r.relay.cycle_at > before + 0.15)  # it wakes every POLL_MS at most
+        assert not r.carrier.stalled(time.monotonic(), 1.0)
+        assert r.carrier.receiving
+
+
+async def test_a_dead_relay_stalls_its_carriers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(self: Relay, frames: list[zmq.Frame]) -> None:
+        raise RuntimeError("a bug in the relay's own code")
+
+    monkeypatch.setattr(Relay, "_from_loop", broken)
+    async with rig(tmp_path) as r:
+        assert r.relay.to_shard([SHARD_ID, b"Q", b"1"])
+        await _until(lambda: r.relay.failed is not None)
+        assert "a bug in the relay's own code" in str(r.carrier.failed)
+        assert not r.carrier.receiving
+        assert r.carrier.stalled(time.monotonic(), 1.0)
+        assert not r.relay.to_shard([SHARD_ID, b"Q", b"2"])
