@@ -1,7 +1,8 @@
 """Text queries -> WordPiece token ids padded to a length bucket -> L2-normalised embeddings.
 
 Tokenization is Hugging Face ``tokenizers`` (:mod:`inference.pipeline.tokenizer`: the model's ``tokenizer``
-parameter, the shipped ``shop-wordpiece`` by default), one ``encode_batch`` call per batch in Rust. A
+parameter, the shipped ``shop-wordpiece`` by default), one ``encode_batch_fast`` call per batch in Rust
+for the texts not tokenized lately (:class:`TokenCache`: queries repeat). A
 sequence is [CLS] and its word pieces, cut to ``max_tokens``; the batch is padded (id 0) to the smallest
 bucket of :data:`LENGTH_BUCKETS` that holds its longest sequence, so the few shapes the model sees stay
 warm, and the dispatcher groups requests of one bucket into one batch to keep that padding small.
@@ -13,8 +14,11 @@ actually sent and ``Prepared.truncated`` the requests that were cut (``hkgw_inpu
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Final
+from functools import cache
+from typing import TYPE_CHECKING, Final, cast
 
 import numpy as np
 
@@ -25,14 +29,79 @@ from inference.pipeline.base import Prepared
 from inference.pipeline.tensor import InvalidInput, tensor_from_array
 from inference.pipeline.textsize import MAX_TEXT_CHARS
 
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
 PAD_ID: Final = tokenizer.PAD_ID
 CLS_ID: Final = tokenizer.CLS_ID
 LENGTH_BUCKETS: Final = (4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)  # queries: mostly 3-8 tokens
 EMBEDDING = "embedding"
 
 
+CACHED_TEXTS: Final = 16_384
+"""Texts whose token ids each tokenizer keeps (least recently used out): shoppers' queries repeat, and a
+query tokenized once costs ~20 us in the library while a cached one costs a dictionary lookup."""
+CACHED_CHARS: Final = 256
+"""Longer texts are tokenized every time: a query is short, a long text rarely repeats."""
+
+
+class TokenCache:
+    """One tokenizer's bounded memory of text -> (token ids, cut). Exact: the tokenizer is a pure
+    function of the text. The arrays are read-only (every batch copies them into its own input)."""
+
+    def __init__(self, entries: int = CACHED_TEXTS) -> None:
+        self._entries = entries
+        self._known: OrderedDict[str, tuple[np.ndarray, bool]] = OrderedDict()
+        self._lock = threading.Lock()  # the loop and the CPU stage's local thread may both tokenize
+        self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._known)
+
+    def encode(self, encoder: Tokenizer, texts: Sequence[str]) -> tuple[list[np.ndarray], list[bool]]:
+        """Token ids and whether each was cut, for ``texts``; the library is asked once, for the texts it
+        has not seen lately."""
+        ids: list[np.ndarray | None] = [None] * len(texts)
+        cut = [False] * len(texts)
+        missing: list[int] = []
+        with self._lock:
+            known = self._known
+            for index, text in enumerate(texts):
+                entry = known.get(text)
+                if entry is None:
+                    missing.append(index)
+                else:
+                    known.move_to_end(text)
+                    ids[index], cut[index] = entry
+        self.hits += len(texts) - len(missing)
+        self.misses += len(missing)
+        if missing:
+            # encode_batch_fast: the same ids, without the offsets nothing here reads (~12% less)
+            encodings = encoder.encode_batch_fast([texts[i] for i in missing])
+            fresh: list[tuple[str, np.ndarray, bool]] = []
+            for index, encoding in zip(missing, encodings, strict=True):
+                array = np.asarray(encoding.ids, dtype=np.int64)
+                array.flags.writeable = False
+                ids[index], cut[index] = array, bool(encoding.overflowing)
+                if len(texts[index]) <= CACHED_CHARS:
+                    fresh.append((texts[index], array, cut[index]))
+            with self._lock:
+                for text, array, truncated in fresh:
+                    self._known[text] = (array, truncated)
+                while len(self._known) > self._entries:
+                    self._known.popitem(last=False)
+        return cast(list[np.ndarray], ids), cut
+
+
+@cache
+def token_cache(name: str, max_tokens: int) -> TokenCache:
+    """The cache of tokenizer ``name`` at ``max_tokens`` (one per :func:`tokenizer.load` instance)."""
+    return TokenCache()
+
+
 def tokenize(texts: Sequence[str], spec: ModelSpec) -> tuple[list[np.ndarray], list[bool]]:
-    """Token ids (int64, [CLS] first, at most the model's ``max_tokens``) per text, and which were cut."""
+    """Token ids (int64, [CLS] first, at most the model's ``max_tokens``; read-only) per text, and which
+    were cut."""
     params = spec.parameters
     vocab = int(params.get("vocab_size", "8192"))
     name, max_tokens = (
@@ -43,11 +112,7 @@ def tokenize(texts: Sequence[str], spec: ModelSpec) -> tuple[list[np.ndarray], l
     entries = tokenizer.vocabulary_size(name, max_tokens)
     if entries > vocab:
         raise ValueError(f"model {spec.name}: tokenizer has {entries} entries, the model {vocab}")
-    encodings = encoder.encode_batch(list(texts))
-    return (
-        [np.asarray(e.ids, dtype=np.int64) for e in encodings],
-        [bool(e.overflowing) for e in encodings],
-    )
+    return token_cache(name, max_tokens).encode(encoder, texts)
 
 
 def length_bucket(length: int) -> int:

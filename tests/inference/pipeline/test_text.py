@@ -14,7 +14,14 @@ from edge_agent.synthetic import SyntheticTraffic
 from edgewire import pb
 from inference.pipeline import tokenizer
 from inference.pipeline.tensor import InvalidInput
-from inference.pipeline.text import LENGTH_BUCKETS, TextPipeline, length_bucket, tokenize
+from inference.pipeline.text import (
+    CACHED_CHARS,
+    LENGTH_BUCKETS,
+    TextPipeline,
+    TokenCache,
+    length_bucket,
+    tokenize,
+)
 from inference.pipeline.textsize import MAX_TEXT_CHARS, estimated_tokens
 from tests.inference.pipeline.specs import demo_spec
 
@@ -219,3 +226,27 @@ def test_embeddings_are_l2_normalised() -> None:
         got = np.frombuffer(tensor.raw_data, dtype="<f4")
         assert (tensor.name, list(tensor.shape), tensor.datatype) == ("embedding", [64], pb.DATA_TYPE_FP32)
         np.testing.assert_allclose(got, row / np.linalg.norm(row), rtol=1e-5)
+
+
+def test_token_cache_gives_the_tokenizers_own_ids_and_stays_bounded() -> None:
+    """Repeated, new, truncated and long texts in one batch: the cache's answer is the library's for every
+    one, asked again hits, long texts are not kept, and the least recently used text goes first."""
+    encoder = tokenizer.load(tokenizer.DEFAULT_TOKENIZER, 16)
+    cache = TokenCache(entries=3)
+    long_text = "wireless earbuds " * 40  # over CACHED_CHARS, and cut to 16 tokens
+    texts = ["rice cooker", "sony keyboard", "rice cooker", long_text, "小米 earbuds"]
+    reference = encoder.encode_batch(texts)
+    got, cut = cache.encode(encoder, texts)
+    assert [g.tolist() for g in got] == [r.ids for r in reference]
+    assert cut == [bool(r.overflowing) for r in reference] == [False, False, False, True, False]
+    assert len(long_text) > CACHED_CHARS
+    assert (cache.hits, cache.misses, len(cache)) == (0, 5, 3)  # the long one is not kept
+    again, cut_again = cache.encode(encoder, ["sony keyboard", "rice cooker", "小米 earbuds", long_text])
+    assert [a.tolist() for a in again] == [reference[i].ids for i in (1, 0, 4, 3)]
+    assert cut_again == [False, False, False, True]
+    assert (cache.hits, cache.misses) == (3, 6)
+    assert not again[0].flags.writeable  # shared between batches: nobody may write into it
+    cache.encode(encoder, ["phone charger"])  # "sony keyboard" is the least recently used now
+    cache.encode(encoder, ["sony keyboard"])
+    assert cache.misses == 8
+    assert len(cache) == 3
