@@ -159,11 +159,16 @@ class CpuStage:
         do (wire tensors: one copy into the batch, none for a batch of one, whose inputs are then read-only
         views of the frame).
         """
-        local = self._local(pipeline, requests, spec, in_worker)
+        size = None if payloads is None else sum(map(len, payloads))  # free: the frame's own bytes
+        local = self._local(pipeline, requests, spec, in_worker, size)
         if local == "loop":
-            return worker.prepare_requests(pipeline, spec, requests, payloads)
+            prepared = worker.prepare_requests(pipeline, spec, requests, payloads)
+            prepared.where = local
+            return prepared
         if local == "thread":
-            return await self._in_thread(worker.prepare_requests, pipeline, spec, requests, payloads)
+            prepared = await self._in_thread(worker.prepare_requests, pipeline, spec, requests, payloads)
+            prepared.where = local
+            return prepared
         if payloads is None:
             payloads = [request.SerializeToString() for request in requests]
         arena = self.arena
@@ -211,7 +216,11 @@ class CpuStage:
         runs, with ``in_worker`` as in :meth:`prepare`; they are not sent: what finish needs beyond the
         outputs travels in ``prepared.extras``."""
         light = worker.without_inputs(prepared)
-        local = self._local(pipeline, requests, prepared.spec, in_worker)
+        # Where prepare ran, as prepare decided (the kept requests are no larger): asked again only for a
+        # batch prepared elsewhere.
+        local = prepared.where
+        if local is None or in_worker:
+            local = self._local(pipeline, requests, prepared.spec, in_worker)
         if local == "loop":
             return worker.finish_batch(pipeline, light, outputs)
         if local == "thread":
@@ -224,6 +233,7 @@ class CpuStage:
         requests: Sequence[pb.InferRequest],
         spec: ModelSpec | None,
         in_worker: bool = False,
+        size: int | None = None,
     ) -> Literal["loop", "thread", ""]:
         """Where a batch runs in this process: "loop", "thread", or "" (a worker process).
 
@@ -248,7 +258,9 @@ class CpuStage:
             return "thread"
         if self._inline is None or len(requests) > self.inline_max_requests:
             return ""
-        if cheap and sum(r.ByteSize() for r in requests) <= ON_LOOP_MAX_BYTES:
+        if size is None:
+            size = sum(r.ByteSize() for r in requests)
+        if cheap and size <= ON_LOOP_MAX_BYTES:
             return "loop"
         return "thread"
 

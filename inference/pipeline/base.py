@@ -39,6 +39,7 @@ class Prepared:
     extras: dict[str, np.ndarray] = field(default_factory=dict)  # what finish needs besides the outputs
     placed: Placed = field(default_factory=dict)  # inputs a worker wrote into the arena instead
     slot: Slot | None = None  # the arena slot they are in, until the gateway gives it back
+    where: str | None = None  # where the gateway's CPU stage prepared it ("loop", "thread", "": a worker)
 
 
 class Pipeline(Protocol):

@@ -299,5 +299,27 @@ async def test_each_batch_runs_where_it_costs_least(monkeypatch: pytest.MonkeyPa
         )
         assert ran == [] and large.slot is not None  # a worker wrote it into the arena
         stage.release(large)
+
+        # finish runs where prepare did, decided once: on the loop for the small ranking batch (whose
+        # wire size, given as payloads, decides instead of each request's ByteSize), in a worker for the
+        # large one
+        ranked = _requests(2, pb.REQUEST_KIND_RANKING, 3)
+        on_loop = await stage.prepare(
+            "ranking", demo_spec("rank-mlp"), ranked, payloads=[r.SerializeToString() for r in ranked]
+        )
+        assert on_loop.where == "loop" and small.where == "loop" and large.where is None
+        finished: list[str] = []
+        finish = worker_module.finish_batch
+
+        def recording_finish(pipeline: str, prepared: Prepared, outputs: Any) -> list[bytes]:
+            finished.append(threading.current_thread().name)
+            return finish(pipeline, prepared, outputs)
+
+        monkeypatch.setattr(worker_module, "finish_batch", recording_finish)
+        scores = {"scores": np.zeros(sum(r.stop - r.start for r in on_loop.rows), dtype=np.float32)}
+        answers = await stage.finish("ranking", on_loop, scores, ranked)
+        assert finished == ["MainThread"] and len(answers) == 2
+        too_big = [b"x" * (cpu_module.ON_LOOP_MAX_BYTES + 1)]  # what the frame says, not ByteSize
+        assert stage._local("ranking", ranked[:1], demo_spec("rank-mlp"), size=len(too_big[0])) == "thread"
     finally:
         stage.close()
