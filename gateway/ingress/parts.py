@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import zmq
 
+EVENTS, POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: no enum conversion per call
 _NOBLOCK, _MORE = int(zmq.NOBLOCK), int(zmq.NOBLOCK | zmq.SNDMORE)
 _send, _recv = zmq.backend.Socket.send, zmq.backend.Socket.recv
 

@@ -2,7 +2,7 @@
 
 A zmq.asyncio receive costs a Future, a task wake-up and several enum conversions per message, about as
 much as decoding the message. ZMQ_FD is edge-triggered: it fires when the socket's state changed, not while
-messages wait, and any send or ZMQ_EVENTS read on the socket may consume the edge. So the reader drains
+messages wait, and any send or ZMQEVENTS read on the socket may consume the edge. So the reader drains
 until EAGAIN, a burst at a time, and every send on the socket schedules one more drain for the same tick
 (:meth:`EdgeReader.schedule`). Used by the carriers' ROUTERs and by both ends of the shards' link.
 """
@@ -16,13 +16,12 @@ from typing import cast
 
 import zmq
 
-from gateway.ingress.parts import recv_parts
+from gateway.ingress.parts import EVENTS, POLLIN, recv_parts
 
 READ_BUDGET_S = 0.002
 """A wake-up reads messages for at most about this long (a frame of 100 requests takes a few ms), then
 lets everything else on the loop run: a burst of large frames must not keep the CPU workers' answers,
 and so the workers, waiting."""
-_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: no enum conversion per read
 
 
 class EdgeReader:
@@ -55,7 +54,7 @@ class EdgeReader:
         self.reading = False
 
     def schedule(self) -> None:
-        """Drain once more this tick: after a send, or a ZMQ_EVENTS read, which may consume the edge."""
+        """Drain once more this tick: after a send, or a ZMQEVENTS read, which may consume the edge."""
         if not self._scheduled and self._loop is not None and self.reading:
             self._scheduled = True
             self._loop.call_soon(self._read)
@@ -70,7 +69,7 @@ class EdgeReader:
             try:
                 # Asking first is cheaper than the exception an empty receive raises; most wake-ups
                 # scheduled after a send find nothing.
-                if not cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:
+                if not cast(int, sock.getsockopt(EVENTS)) & POLLIN:
                     return
                 frames = recv_parts(sock)
             except zmq.Again:

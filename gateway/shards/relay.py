@@ -30,7 +30,7 @@ import structlog
 import zmq
 
 from gateway.ingress.carrier import CarrierIngress, SendResult, send_to_peer
-from gateway.ingress.parts import recv_parts, send_parts
+from gateway.ingress.parts import EVENTS, POLLIN, recv_parts, send_parts
 from gateway.ops.metrics import GatewayMetrics
 from gateway.shards.link import REPLY
 
@@ -42,7 +42,6 @@ looks at its stop flag."""
 DRY_LIMIT = 1_000_000
 """At stop, the most messages read off the link (the shards' last replies) before the thread ends."""
 _ids = itertools.count()
-_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: no enum conversion per call
 
 Route = Callable[[CarrierIngress, list[zmq.Frame]], "list[bytes | zmq.Frame] | None"]
 """An agent's message -> the link message that takes it to its shard (routing id first), or None."""
@@ -156,7 +155,7 @@ class Relay:
                 handle = handlers[sock]
                 for _ in range(limit):
                     # Asking is cheaper than the exception an empty receive raises (zmq.Again).
-                    if not cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:
+                    if not cast(int, sock.getsockopt(EVENTS)) & POLLIN:
                         break
                     handle(recv_parts(sock))
         self._read_link_dry()
