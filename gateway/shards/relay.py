@@ -41,6 +41,10 @@ POLL_MS = 100
 looks at its stop flag."""
 DRY_LIMIT = 1_000_000
 """At stop, the most messages read off the link (the shards' last replies) before the thread ends."""
+DRY_QUIET_MS = 20
+"""At stop, bytes a shard wrote before it exited may still be in the kernel's buffer or ZeroMQ's I/O thread:
+the dry read ends once the link has been quiet this long (or after DRY_MAX_S in all)."""
+DRY_MAX_S = 1.0
 _ids = itertools.count()
 
 Route = Callable[[CarrierIngress, list[zmq.Frame]], "list[bytes | zmq.Frame] | None"]
@@ -208,7 +212,12 @@ class Relay:
 
     def _read_link_dry(self) -> None:
         """What the shards sent before they exited (their last replies), passed on before carriers close."""
+        deadline = time.monotonic() + DRY_MAX_S
         for _ in range(DRY_LIMIT):
+            if not cast(int, self._link.getsockopt(EVENTS)) & POLLIN and (
+                time.monotonic() >= deadline or not self._link.poll(DRY_QUIET_MS)
+            ):
+                return
             try:
                 frames = recv_parts(self._link)
             except zmq.ZMQError:

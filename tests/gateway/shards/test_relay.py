@@ -1,7 +1,8 @@
-"""The front's relay thread on real sockets: a carrier's ROUTER on loopback, the link's ROUTER over ipc and a
-DEALER standing in for a shard. Frames go to the shard the front's route names, replies back to the agent,
-what a shard says to the front reaches the loop, a bug in one frame's route is counted and the rest flow,
-the last replies are passed on at stop, and a dead thread makes the carrier stalled and not receiving."""
+"""The front's relay thread on real sockets: a carrier's ROUTER on loopback, the link's ROUTER (bound on ipc
+as in the gateway, and on inproc for the DEALER standing in for a shard). Frames go to the shard the front's
+route names, replies back to the agent, what a shard says to the front reaches the loop, a bug in one frame's
+route is counted and the rest flow, the last replies are passed on at stop, and a dead thread makes the
+carrier stalled and not receiving."""
 
 from __future__ import annotations
 
@@ -60,9 +61,12 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     link = zmq.Socket(ctx, zmq.ROUTER)
     link.setsockopt(zmq.ROUTER_MANDATORY, 1)
     link.bind(f"ipc://{tmp_path}/link")
+    # the stand-in shard is on inproc: a message it sends is in the link's queue when send returns, so a
+    # test knows what the relay has to pass on (over ipc, bytes in the kernel's buffer are not yet there)
+    link.bind(f"inproc://link-{id(link)}")
     shard = zmq.Socket(ctx, zmq.DEALER)
     shard.setsockopt(zmq.ROUTING_ID, SHARD_ID)
-    shard.connect(f"ipc://{tmp_path}/link")
+    shard.connect(f"inproc://link-{id(link)}")
     agent = zmq.Socket(ctx, zmq.DEALER)
     agent.setsockopt(zmq.ROUTING_ID, b"agent-a")
     agent.connect(carrier.endpoint)
