@@ -55,7 +55,17 @@ import zmq
 from PIL import Image
 
 from bench import baselines
-from bench.gateway_bench import TICKS, Peer, Tracker, cpu_seconds, drain, pool_toml, restamp, start_gateway
+from bench.gateway_bench import (
+    FEATURES,
+    TICKS,
+    Peer,
+    Tracker,
+    cpu_seconds,
+    drain,
+    pool_toml,
+    restamp,
+    start_gateway,
+)
 from bench.ingest_bench import ingest, open_loop, prebuild
 from bench.netns import REPO, reexec_in_namespace
 from bench.report import machine, stamp, table, update_section
@@ -427,7 +437,13 @@ def tensor_frames(requests: list[pb.InferRequest], frames: int) -> list[list[byt
         chunk = [requests[(f * TENSOR_FRAME + i) % len(requests)] for i in range(TENSOR_FRAME)]
         restamp(chunk, 120.0)
         out.append(
-            codec.encode(pb.RequestBatch(requests=chunk), agent_id="bench", region="us-west", compress=False)
+            codec.encode(
+                pb.RequestBatch(requests=chunk),
+                agent_id="bench",
+                region="us-west",
+                compress=False,
+                features=FEATURES,
+            )
         )
     return spread(out)
 

@@ -39,6 +39,9 @@ from edge_agent.synthetic import SyntheticTraffic
 from edgewire import FrameCodec, new_id, now_unix_us, pb
 
 TICKS = os.sysconf("SC_CLK_TCK")
+FEATURES = pb.FEATURE_ACKS_IN_RESPONSES
+"""What the bench's request frames say they read, as the reference agent's do: a gateway that knows the
+feature sends a frame's Ack with the answers ready at the same time; one that does not ignores it."""
 
 
 @dataclass
@@ -197,27 +200,32 @@ class Tracker:
             ids = [r.request_id for r in decoded.payload.requests]
             self.statuses[pb.STATUS_OK] += len(ids)
         else:
-            decoded = self.codec.decode(frames)
-            if isinstance(decoded.payload, pb.Ack):  # refused requests are done too, and counted apart
-                if decoded.payload.frame_reject:  # the whole frame refused (e.g. over_budget): all of it
-                    refused = [r for r, f in self.frame_of.items() if f == decoded.payload.acked_message_id]
-                    self.nacks[pb.RejectReason.Name(decoded.payload.frame_reject)] += len(refused)
-                    for rid in refused:
-                        self._complete(rid)
-                    return
-                ids = [n.request_id for n in decoded.payload.nacks]
-                self.nacks.update(pb.NackReason.Name(n.reason) for n in decoded.payload.nacks)
-                for rid in ids:
-                    self._complete(rid)
+            payload = self.codec.decode(frames).payload
+            if isinstance(payload, pb.Ack):
+                self._acked(payload)
                 return
-            if not isinstance(decoded.payload, pb.ResponseBatch):
+            if not isinstance(payload, pb.ResponseBatch):
                 return
-            ids = [r.request_id for r in decoded.payload.responses]
-            self.statuses.update(r.status for r in decoded.payload.responses)
+            for ack in payload.acks:  # Acks riding with answers (FEATURES below)
+                self._acked(ack)
+            ids = [r.request_id for r in payload.responses]
+            self.statuses.update(r.status for r in payload.responses)
         for rid in ids:
             self.latencies.append(at - self.sent_at[rid])
             self._complete(rid)
         self.done += len(ids)
+
+    def _acked(self, ack: pb.Ack) -> None:
+        """Refused requests are done too, and counted apart."""
+        if ack.frame_reject:  # the whole frame refused (e.g. over_budget): all of it
+            refused = [r for r, f in self.frame_of.items() if f == ack.acked_message_id]
+            self.nacks[pb.RejectReason.Name(ack.frame_reject)] += len(refused)
+            for rid in refused:
+                self._complete(rid)
+            return
+        self.nacks.update(pb.NackReason.Name(n.reason) for n in ack.nacks)
+        for nack in ack.nacks:
+            self._complete(nack.request_id)
 
     def _complete(self, rid: bytes) -> None:
         del self.sent_at[rid]
@@ -321,7 +329,9 @@ def throughput(
             chunk = [requests[(offset + i) % len(requests)] for i in range(batch)]
             offset += batch
             restamp(chunk, 30.0)
-            frames = codec.encode(pb.RequestBatch(requests=chunk), agent_id="bench", region="us-west")
+            frames = codec.encode(
+                pb.RequestBatch(requests=chunk), agent_id="bench", region="us-west", features=FEATURES
+            )
             tracker.sent(frames, chunk, time.perf_counter())
             peer.sock.send_multipart(frames, copy=False)
         if not poller.poll(10_000):
@@ -372,6 +382,7 @@ def open_loop_drive(
             agent_id=agent_id,
             region="us-west",
             priority=pb.PRIORITY_CLASS_REALTIME,
+            features=FEATURES,
         )
         tracker.sent(frames, [request], scheduled)
         peer.sock.send_multipart(frames, copy=False)

@@ -40,6 +40,7 @@ from google.protobuf import json_format
 from bench import baselines
 from bench.agent_bench import AGENT_TOML
 from bench.gateway_bench import (
+    FEATURES,
     Peer,
     Tracker,
     cpu_seconds,
@@ -146,7 +147,11 @@ def prebuild(requests: list[pb.InferRequest], frames: int, batch: int = 100) -> 
     for f in range(frames):
         chunk = [requests[(f * batch + i) % len(requests)] for i in range(batch)]
         restamp(chunk, 120.0)
-        out.append(codec.encode(pb.RequestBatch(requests=chunk), agent_id="bench", region="us-west"))
+        out.append(
+            codec.encode(
+                pb.RequestBatch(requests=chunk), agent_id="bench", region="us-west", features=FEATURES
+            )
+        )
     return out
 
 
@@ -290,7 +295,9 @@ def stress(peer: Peer, requests: list[pb.InferRequest], n: int = 10_000, batch: 
                 copy.CopyFrom(request)
                 copies.append(copy)
             restamp(copies, 60.0)
-            frames = codec.encode(pb.RequestBatch(requests=copies), agent_id="bench", region="us-west")
+            frames = codec.encode(
+                pb.RequestBatch(requests=copies), agent_id="bench", region="us-west", features=FEATURES
+            )
             tracker.sent(frames, copies, time.perf_counter())
             peer.sock.send_multipart(frames, copy=False)
         deadline = time.perf_counter() + 120

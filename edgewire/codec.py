@@ -142,11 +142,13 @@ class FrameCodec:
         attempt: int = 0,
         sent_at_unix_us: int | None = None,
         frame_limit: int = 0,
+        features: int = 0,
     ) -> list[bytes]:
         """Serialize (unless it is :class:`Serialized` already), compress and frame one payload.
 
         ``dict_id=None`` uses the preferred dictionary; ``frame_limit``: the receiver's largest frame, when
-        known (else this codec's ``max_frame_bytes``).
+        known (else this codec's ``max_frame_bytes``); ``features``: what the sender can read
+        (``Envelope.features``, a sum of ``pb.Feature`` values).
         """
         if isinstance(payload, Serialized):
             kind, raw, record_count = payload.kind, payload.raw, payload.record_count
@@ -169,6 +171,7 @@ class FrameCodec:
             uncompressed_length=len(raw),
             record_count=record_count,
             attempt=attempt,
+            features=features,
         )
         body = raw
         envelope.codec = pb.CODEC_NONE

@@ -162,6 +162,9 @@ class RepliesConfig(_Section):
     pending_per_agent: int = Field(default=10_000, ge=0)
     pending_agents: int = Field(default=1024, ge=1)
     retry_after_ms: int = Field(default=500, ge=0)  # told to agents on OVERLOADED / DRAINING
+    # An Ack to an agent that reads Acks in a ResponseBatch waits at most this long for answers to ride
+    # with (one reply frame instead of two); 0: only to the end of the loop tick that read the frame.
+    ack_hold_us: int = Field(default=2000, ge=0, le=100_000)
 
 
 class BreakerConfig(_Section):

@@ -314,7 +314,12 @@ class Ingest:
         if self.dedupe.evicted_early != self._evicted_counted:
             metrics.dedupe_evicted.inc(self.dedupe.evicted_early - self._evicted_counted)
             self._evicted_counted = self.dedupe.evicted_early
-        self._send(frame, ack)
+        if frame.envelope.features & pb.FEATURE_ACKS_IN_RESPONSES and (ack.accepted_ids or ack.duplicate_ids):
+            # With the next answers on its connection, or alone after [replies] ack_hold_us (replies.py);
+            # a frame refused request by request has nothing coming to wait for.
+            self._replies.acknowledge(frame.agent_id, frame.carrier, frame.routing_id, ack)
+        else:
+            self._send(frame, ack)
 
     def _route(
         self, frame: _Frame, screened: Screened, now: float, ack: pb.Ack, spans: list[memoryview] | None
@@ -551,7 +556,8 @@ class Ingest:
             self._replies.respond_many(agent_id, answers, carrier)
 
     def flush_replies(self) -> None:
-        self._replies.flush()
+        """Send every reply ready, Acks still held for answers included (drain)."""
+        self._replies.flush(every_ack=True)
 
     def hand_back(self, items: list[WorkItem], reason: str) -> None:
         """Answer queued requests UNAVAILABLE (retryable) on drain so the agents send them elsewhere."""

@@ -18,6 +18,11 @@ A frame the agent sent before the one a route was learnt from (by the envelope's
 agent's own clock, so skew between the two does not matter) does not change that route: after a
 black-hole lifts, TCP delivers what the agent had sent into the old connection, which is about to close,
 while the agent already speaks on a new one.
+
+An agent whose request frames set ``FEATURE_ACKS_IN_RESPONSES`` gets its Acks in the ResponseBatch that
+carries its next answers on the connection the frame came on, when they are ready within ``[replies]
+ack_hold_us`` (a lone realtime request: one reply frame, not an Ack and then an answer); else, once that
+hold is over, alone. Any other agent gets each Ack as its own frame at once.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from gateway.ops.metrics import GatewayMetrics
 log = structlog.get_logger("gateway.replies")
 MAX_RESPONSES_PER_FRAME = 256
 RESPONSES_FIELD = pb.ResponseBatch.DESCRIPTOR.fields_by_name["responses"].number
+ACKS_FIELD = pb.ResponseBatch.DESCRIPTOR.fields_by_name["acks"].number
 
 
 @dataclass(slots=True)
@@ -45,6 +51,14 @@ class _Route:
     routing_id: bytes
     seen: float  # when last heard from on it (monotonic)
     sent_us: int  # the agent's sent_at of that frame
+
+
+@dataclass(slots=True)
+class _PendingAck:
+    carrier: Carrier
+    routing_id: bytes  # the connection the acknowledged frame came on
+    ack: bytes  # serialized
+    due: float  # by then it goes, alone if no answer came to ride with (the router's clock)
 
 
 @dataclass(slots=True)
@@ -73,7 +87,10 @@ class ReplyRouter:
         self._clock = clock  # the one the ``now`` given to ``seen`` comes from
         self._agents: OrderedDict[str, _AgentRoutes] = OrderedDict()
         self._outbox: dict[tuple[str, str], list[bytes]] = {}  # (agent, carrier asked on) -> responses
+        self._acks: dict[tuple[str, str], list[_PendingAck]] = {}  # (agent, carrier) -> Acks to go with them
         self._flush_scheduled = False
+        self._ack_hold_s = config.ack_hold_us / 1e6
+        self._ack_timer: asyncio.TimerHandle | None = None
         self.pending_total = 0
 
     # ------------------------------------------------------------------ who is where
@@ -121,6 +138,28 @@ class ReplyRouter:
         if result != SendResult.SENT:
             self._metrics.child(self._metrics.replies_undeliverable, f"control_{result}").inc()
 
+    def acknowledge(self, agent_id: str, carrier: Carrier, routing_id: bytes, ack: pb.Ack) -> None:
+        """An Ack to an agent that reads Acks in a ResponseBatch: it leaves on the connection its frame came
+        on with the next answers for that agent and carrier, or alone once ``ack_hold_us`` is over."""
+        pending = _PendingAck(carrier, routing_id, ack.SerializeToString(), self._clock() + self._ack_hold_s)
+        acks = self._acks.get((agent_id, carrier.name))
+        if acks is None:
+            self._acks[(agent_id, carrier.name)] = [pending]
+        else:
+            acks.append(pending)
+        if self._ack_hold_s:
+            self._arm_ack_timer(self._ack_hold_s)
+        else:
+            self._schedule()
+
+    def _arm_ack_timer(self, delay_s: float) -> None:
+        if self._ack_timer is None:
+            self._ack_timer = asyncio.get_running_loop().call_later(delay_s, self._ack_hold_over)
+
+    def _ack_hold_over(self) -> None:
+        self._ack_timer = None
+        self.flush()
+
     def respond(self, agent_id: str, response: bytes, asked_on: str = "") -> None:
         """Queue a response to a request asked for on carrier ``asked_on`` ("": any); the responses of one
         loop tick to one agent and carrier travel in one frame."""
@@ -141,14 +180,69 @@ class ReplyRouter:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
 
-    def flush(self) -> None:
+    def flush(self, *, every_ack: bool = False) -> None:
+        """Send what is ready: the answers of this tick, and the Acks that have answers to ride with or
+        whose hold is over (``every_ack``: all of them, as on drain)."""
         self._flush_scheduled = False
         outbox, self._outbox = self._outbox, {}
+        if self._acks:
+            self._flush_acks(outbox, every_ack)
         for (agent_id, asked_on), responses in outbox.items():
             for start in range(0, len(responses), MAX_RESPONSES_PER_FRAME):
                 chunk = responses[start : start + MAX_RESPONSES_PER_FRAME]
                 if not self._deliver(agent_id, asked_on, chunk):
                     self._park(agent_id, chunk)
+
+    def _flush_acks(self, outbox: dict[tuple[str, str], list[bytes]], every_ack: bool) -> None:
+        """Acks that go now, with the answers in ``outbox`` for their agent and carrier (taken from it, but
+        for those still to send); the rest wait for their answers or the end of their hold."""
+        now = self._clock()
+        waiting: dict[tuple[str, str], list[_PendingAck]] = {}
+        for key, pending in self._acks.items():
+            responses = outbox.pop(key, None)
+            if responses is None and not every_ack and pending[0].due > now:
+                waiting[key] = pending  # each list is in order of due: its first is the earliest
+                continue
+            rest = self._send_acks(key[0], key[1], pending, responses or [])
+            if rest:
+                outbox[key] = rest
+        self._acks = waiting
+        if waiting:
+            self._arm_ack_timer(max(0.0, min(p[0].due for p in waiting.values()) - now))
+
+    def _send_acks(
+        self, agent_id: str, carrier: str, pending: list[_PendingAck], responses: list[bytes]
+    ) -> list[bytes]:
+        """Send a tick's Acks to an agent on one carrier, each group of one connection in one frame, with
+        the first answers for that carrier when they would take that connection anyway (the route an
+        answer asked for there takes first); the answers still to send."""
+        routes = self._routes(agent_id, carrier, self._clock()) if responses else []
+        first = routes[0] if routes else None
+        by_connection: dict[bytes, list[_PendingAck]] = {}
+        for ack in pending:
+            by_connection.setdefault(ack.routing_id, []).append(ack)
+        for routing_id, group in by_connection.items():
+            ingress = group[0].carrier
+            riding: list[bytes] = []
+            if responses and first == (carrier, routing_id):
+                riding, responses = responses[:MAX_RESPONSES_PER_FRAME], responses[MAX_RESPONSES_PER_FRAME:]
+            if len(group) == 1 and not riding:
+                payload = Serialized(pb.MESSAGE_KIND_ACK, group[0].ack, 0)
+            else:
+                raw = repeated_field(RESPONSES_FIELD, riding) + repeated_field(
+                    ACKS_FIELD, [a.ack for a in group]
+                )
+                payload = Serialized(pb.MESSAGE_KIND_RESPONSE_BATCH, raw, len(riding))
+            frames = self._codec.encode(payload, agent_id=agent_id, region="hk", dict_id=0)
+            result = ingress.send(routing_id, frames)
+            if result == SendResult.SENT:
+                continue
+            self._metrics.child(self._metrics.replies_undeliverable, f"control_{result}").inc()
+            if riding:  # the answers try the agent's other routes; the Acks were for this connection only
+                responses = riding + responses
+                if result == SendResult.UNREACHABLE:
+                    self._forget(agent_id, carrier, routing_id)
+        return responses
 
     def _deliver(self, agent_id: str, asked_on: str, responses: list[bytes]) -> bool:
         routes = self._routes(agent_id, asked_on, self._clock())

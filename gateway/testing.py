@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import copy
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -157,9 +158,11 @@ class WireClient:
         region: str = "us-west",
         curve: tuple[bytes, bytes, bytes] | None = None,  # (client public, client secret, server public)
         context: zmq.asyncio.Context | None = None,
+        features: int = 0,  # Envelope.features of its request frames (pb.FEATURE_ACKS_IN_RESPONSES)
     ) -> None:
         self.endpoint = endpoint
         self.agent_id = agent_id
+        self.features = features
         self.region = region
         self.codec = FrameCodec()
         self._own_ctx = context is None
@@ -177,6 +180,7 @@ class WireClient:
         self.responses: dict[bytes, pb.InferResponse] = {}
         self.duplicate_responses = 0
         self.other: list[tuple[pb.Envelope, Any]] = []
+        self.frames_received: Counter[str] = Counter()  # by kind: "ack", "responses", "responses+acks", ...
 
     async def __aenter__(self) -> WireClient:
         self.sock.connect(self.endpoint)
@@ -202,6 +206,7 @@ class WireClient:
             region=self.region,
             priority=priority,
             message_id=message_id,
+            features=self.features,
         )
         await self.sock.send_multipart(frames)
         return message_id
@@ -228,8 +233,13 @@ class WireClient:
         decoded = self.codec.decode(await self.sock.recv_multipart())
         payload = decoded.payload
         if isinstance(payload, pb.Ack):
+            self.frames_received["ack"] += 1
             self.acks[payload.acked_message_id] = payload
         elif isinstance(payload, pb.ResponseBatch):
+            parts = [name for name, n in (("responses", payload.responses), ("acks", payload.acks)) if n]
+            self.frames_received["+".join(parts) or "empty"] += 1
+            for ack in payload.acks:
+                self.acks[ack.acked_message_id] = ack
             for response in payload.responses:
                 if response.request_id in self.responses:
                     self.duplicate_responses += 1

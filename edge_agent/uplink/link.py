@@ -299,6 +299,7 @@ class Uplink:
             attempt=attempt,
             dict_id=self.dict_id,
             frame_limit=self.max_frame_bytes,  # the gateway's, from its Pong (0 = not known yet)
+            features=pb.FEATURE_ACKS_IN_RESPONSES,
         )
         ids = [r.request_id for r in batch]
         if self.max_frame_bytes and len(frames[1]) > self.max_frame_bytes:
@@ -423,6 +424,8 @@ class Uplink:
         if isinstance(payload, pb.Ack):
             self._on_ack(carrier, payload)
         elif isinstance(payload, pb.ResponseBatch):
+            for ack in payload.acks:  # Acks riding with answers: first, as if they had come just before
+                self._on_ack(carrier, ack)
             for response in payload.responses:
                 self._on_gateway_response(response)
         elif isinstance(payload, pb.Pong):

@@ -243,6 +243,8 @@ class _Replayer:
             if isinstance(payload, pb.Ack):
                 self._on_ack(payload)
             elif isinstance(payload, pb.ResponseBatch):
+                for ack in payload.acks:  # captured frames of agents that read Acks there
+                    self._on_ack(ack)
                 for response in payload.responses:
                     self._on_response(response)
 

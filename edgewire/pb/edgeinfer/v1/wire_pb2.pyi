@@ -117,6 +117,24 @@ CODEC_ZSTD: Codec.ValueType  # 2
 """payload is one zstd frame, optionally with Envelope.dict_id"""
 Global___Codec: _TypeAlias = Codec  # noqa: Y015
 
+class _Feature:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _FeatureEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Feature.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    FEATURE_NONE: _Feature.ValueType  # 0
+    FEATURE_ACKS_IN_RESPONSES: _Feature.ValueType  # 1
+    """the agent reads ResponseBatch.acks: an Ack may ride with the answers"""
+
+class Feature(_Feature, metaclass=_FeatureEnumTypeWrapper):
+    """What a sender can read, as bits of Envelope.features; a peer uses a feature only with a sender that set it."""
+
+FEATURE_NONE: Feature.ValueType  # 0
+FEATURE_ACKS_IN_RESPONSES: Feature.ValueType  # 1
+"""the agent reads ResponseBatch.acks: an Ack may ride with the answers"""
+Global___Feature: _TypeAlias = Feature  # noqa: Y015
+
 class _DataType:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -401,6 +419,7 @@ class Envelope(_message.Message):
     UNCOMPRESSED_LENGTH_FIELD_NUMBER: _builtins.int
     RECORD_COUNT_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
+    FEATURES_FIELD_NUMBER: _builtins.int
     schema_version: _builtins.int
     """major version of this schema; 1"""
     message_id: _builtins.bytes
@@ -425,6 +444,8 @@ class Envelope(_message.Message):
     """number of requests / responses in the payload (0 for control kinds)"""
     attempt: _builtins.int
     """0 on first send; incremented when the agent resends (failover, retry)"""
+    features: _builtins.int
+    """what the sender can read: a sum of Feature values; 0 = none"""
     def __init__(
         self,
         *,
@@ -441,10 +462,11 @@ class Envelope(_message.Message):
         uncompressed_length: _builtins.int = ...,
         record_count: _builtins.int = ...,
         attempt: _builtins.int = ...,
+        features: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "attempt", b"attempt", "codec", b"codec", "deadline_unix_us", b"deadline_unix_us", "dict_id", b"dict_id", "kind", b"kind", "message_id", b"message_id", "priority", b"priority", "record_count", b"record_count", "region", b"region", "schema_version", b"schema_version", "sent_at_unix_us", b"sent_at_unix_us", "uncompressed_length", b"uncompressed_length"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "attempt", b"attempt", "codec", b"codec", "deadline_unix_us", b"deadline_unix_us", "dict_id", b"dict_id", "features", b"features", "kind", b"kind", "message_id", b"message_id", "priority", b"priority", "record_count", b"record_count", "region", b"region", "schema_version", b"schema_version", "sent_at_unix_us", b"sent_at_unix_us", "uncompressed_length", b"uncompressed_length"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -789,16 +811,24 @@ class ResponseBatch(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     RESPONSES_FIELD_NUMBER: _builtins.int
+    ACKS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def responses(self) -> _containers.RepeatedCompositeFieldContainer[Global___InferResponse]: ...
+    @_builtins.property
+    def acks(self) -> _containers.RepeatedCompositeFieldContainer[Global___Ack]:
+        """Acks of request batches, sent with the answers ready at the same time, to an agent whose request
+        frames set FEATURE_ACKS_IN_RESPONSES; the receiver processes them before the responses.
+        """
+
     def __init__(
         self,
         *,
         responses: _abc.Iterable[Global___InferResponse] | None = ...,
+        acks: _abc.Iterable[Global___Ack] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["responses", b"responses"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acks", b"acks", "responses", b"responses"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
