@@ -27,7 +27,7 @@ async def test_agent_reads_acks_that_ride_with_answers(models_dir: Path, tmp_pat
             requests = [r.request for r in SyntheticTraffic(7, regions=("us-west",)).take(30)]
             for r in requests:
                 r.request_id = b""
-                r.priority = pb.PRIORITY_CLASS_REALTIME
+                r.priority = pb.PRIORITY_CLASS_INTERACTIVE  # no realtime round-trip rule to meet
             async with EdgeClient(agent.intake_endpoint) as client:
                 for request in requests:  # one at a time: each its own frame, answered within the hold
                     [response] = await client.infer_many([request], deadline_s=5.0)
