@@ -1,0 +1,125 @@
+"""Where a lone realtime request's gateway CPU goes: an in-process gateway, one request at a time.
+
+    python -m bench.lone_profile [--requests 3000] [--profile] [--features 0|1]
+
+The gateway (null backend, bench/gateway_bench.py's config) runs on this process's event loop; a plain
+DEALER on another thread sends issue 24's mix (60% ranking of 8-32 candidates, 40% short text) one
+realtime request per frame and waits for each answer before the next. The main thread's CPU time is then
+the gateway's alone: printed per request, and with ``--profile`` a cProfile of that thread (by own time and
+by cumulative time). ``--features 0`` sends frames that do not ask for Acks with answers. Loopback only;
+bounded by ``--requests``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import pstats
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import uvloop
+import zmq
+
+from bench.frame_path import copies, mixed_requests
+from bench.gateway_bench import FEATURES, GATEWAY_TOML, pools_toml, restamp
+from edgewire import FrameCodec, pb
+from gateway.config import load_config
+from gateway.server import Gateway
+from inference.models.demo import write_demo_repository
+
+WARM_UP = 300
+REALTIME = pb.PRIORITY_CLASS_REALTIME
+
+
+def client(endpoint: str, n: int, features: int, statuses: list[int]) -> None:
+    """Send ``n`` lone realtime requests, each after the previous one's answer."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 10_000)  # a lost answer ends the run instead of hanging it
+    sock.connect(endpoint)
+    codec = FrameCodec()
+    requests = copies(mixed_requests(1, 4))
+    try:
+        for i in range(n):
+            request = requests[i % len(requests)]
+            request.priority = pb.PRIORITY_CLASS_REALTIME
+            restamp([request], 5.0)
+            batch = pb.RequestBatch(requests=[request])
+            sock.send_multipart(
+                codec.encode(batch, agent_id="lone", region="us-west", priority=REALTIME, features=features)
+            )
+            while True:
+                payload = codec.decode(sock.recv_multipart()).payload
+                if isinstance(payload, pb.ResponseBatch) and payload.responses:
+                    statuses.append(payload.responses[0].status)
+                    break
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
+async def run(requests: int, features: int, profile: bool, work: Path) -> None:
+    models = work / "models"
+    write_demo_repository(models)
+    config = work / "gateway.toml"
+    config.write_text(GATEWAY_TOML.format(backend="null", models=models, pools=pools_toml()))
+    gateway = Gateway(load_config(config, environ={}))
+    await gateway.start()
+    endpoint = next(iter(gateway.carriers.values())).endpoint
+    loop = asyncio.get_running_loop()
+    try:
+        for n, timed in ((WARM_UP, False), (requests, True)):
+            statuses: list[int] = []
+            done = asyncio.Event()
+
+            def drive(n: int = n, statuses: list[int] = statuses, done: asyncio.Event = done) -> None:
+                try:
+                    client(endpoint, n, features, statuses)
+                finally:
+                    loop.call_soon_threadsafe(done.set)
+
+            thread = threading.Thread(target=drive, daemon=True)
+            profiler = cProfile.Profile() if timed and profile else None
+            cpu, wall = time.thread_time(), time.perf_counter()
+            if profiler is not None:
+                profiler.enable()
+            thread.start()
+            await done.wait()
+            if profiler is not None:
+                profiler.disable()
+            if not timed:
+                continue
+            cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
+            ok = sum(1 for s in statuses if s == pb.STATUS_OK)
+            print(
+                f"{n} lone realtime requests, {len(statuses)} answered ({ok} OK): gateway loop thread "
+                f"{cpu / n * 1e6:.0f} us CPU per request{' (profiled)' if profiler else ''}, "
+                f"wall {wall / n * 1e6:.0f} us"
+            )
+            if profiler is not None:
+                stats = pstats.Stats(profiler)
+                stats.sort_stats("tottime").print_stats(40)
+                stats.sort_stats("cumulative").print_stats(80)
+    finally:
+        await gateway.drain()
+        await gateway.aclose()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--features", type=int, choices=(0, 1), default=1)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as work:
+        uvloop.run(run(args.requests, FEATURES if args.features else 0, args.profile, Path(work)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
