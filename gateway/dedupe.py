@@ -51,6 +51,18 @@ class DedupeWindow:
         entries[request_id] = now + self.window_s
         order.append(request_id)
 
+    def accept_many(self, request_ids: list[bytes], now: float) -> None:
+        """:meth:`accept` for each of ``request_ids`` in turn, with the one expiry pass they share."""
+        self._expire(now)
+        entries, order, limit = self._entries, self._order, self.max_entries
+        expires = now + self.window_s
+        for request_id in request_ids:
+            while len(entries) >= limit and order:
+                if entries.pop(order.popleft(), None) is not None:
+                    self.evicted_early += 1
+            entries[request_id] = expires
+            order.append(request_id)
+
     def done(self, request_id: bytes) -> None:
         expires = self._entries.get(request_id)
         if expires is not None and expires > 0:

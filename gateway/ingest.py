@@ -130,7 +130,7 @@ class Ingest:
         metrics.dedupe_entries.set_function(lambda: len(self.dedupe))
         # Per-request counts of the frame being handled (cleared as each frame starts), added to the metrics
         # once per frame; keyed by the raw values (model name, enums), made label values once per key.
-        self._requests_seen: Counter[tuple[str, Priority]] = Counter()
+        self._requests_seen: dict[tuple[str, Priority], int] = {}
         self._decisions_made: Counter[tuple[Tier, str | None, Reason]] = Counter()
         self._evicted_counted = 0
 
@@ -372,13 +372,16 @@ class Ingest:
         )
 
     def _accepted(self, frame: _Frame, items: list[WorkItem], ack: pb.Ack) -> None:
-        """The gateway owns these requests now: in the dedupe window, their carrier noted, in the Ack."""
-        accept, ask_on = self.dedupe.accept, self._ask_on
-        now = items[0].received
+        """The gateway owns these requests now: in the dedupe window, their carrier noted (as
+        :meth:`_ask_on` notes a first copy), in the Ack."""
         ids = [item.request.request_id for item in items]
+        self.dedupe.accept_many(ids, items[0].received)
+        asked_on = self._asked_on
+        route = (frame.carrier.name, frame.envelope.sent_at_unix_us)
         for rid in ids:
-            accept(rid, now)
-            ask_on(frame, rid, again=False)
+            asked_on[rid] = route
+        while len(asked_on) > MAX_ASKED_ON:
+            asked_on.popitem(last=False)
         ack.accepted_ids.extend(ids)
 
     def _screen(
@@ -387,7 +390,9 @@ class Ingest:
         """Checks that need no routing: id, duplicate, model, size, deadline, drain. None = answered."""
         rid = request.request_id
         priority = wire_priority(request.priority or frame.envelope.priority)
-        self._requests_seen[(request.model_name, priority)] += 1
+        seen = self._requests_seen
+        key = (request.model_name, priority)
+        seen[key] = seen.get(key, 0) + 1
         if not is_valid_id(rid):
             self._nack(ack, rid, pb.NACK_REASON_INVALID_REQUEST, "request_id is not a 16-byte UUIDv7")
             return None

@@ -36,6 +36,23 @@ def test_the_count_bound_evicts_the_oldest_and_counts_it() -> None:
     assert all(window.state(rid, 2.0) is RequestState.PENDING for rid in ids[3:])
 
 
+def test_accepting_a_frame_s_ids_at_once_equals_accepting_them_one_by_one() -> None:
+    """accept_many leaves the window as accept() per id does: entries, expiries, evictions at the bound."""
+    frames = [[new_id() for _ in range(n)] for n in (40, 1, 70, 33)]
+    one, many = DedupeWindow(window_s=0.5, max_entries=100), DedupeWindow(window_s=0.5, max_entries=100)
+    for t, ids in enumerate(frames):
+        now = 0.2 * t
+        for rid in ids:
+            one.accept(rid, now)
+        many.accept_many(ids, now)
+        assert len(one) == len(many)
+        assert one.evicted_early == many.evicted_early
+        everything = [rid for f in frames for rid in f]
+        for later in (now, now + 0.3, now + 0.6):
+            assert [one.state(r, later) for r in everything] == [many.state(r, later) for r in everything]
+    assert many.evicted_early > 0  # the bound was reached
+
+
 def test_a_forgotten_id_is_served_again_and_tracked_from_its_new_acceptance() -> None:
     """forget() makes a resend new; accepted again, it lives for a full window from then."""
     window = DedupeWindow(window_s=10.0, max_entries=1000)
