@@ -74,6 +74,10 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
+_SHORT_LENGTHS: Final = tuple(_varint(n) for n in range(1 << 14))
+"""The varints of lengths up to two bytes (16 KiB): a response's length prefix is looked up, not built."""
+
+
 def repeated_field(field_number: int, items: Sequence[bytes]) -> bytes:
     """Serialized messages as the repeated message field ``field_number`` of an enclosing message.
 
@@ -81,7 +85,15 @@ def repeated_field(field_number: int, items: Sequence[bytes]) -> bytes:
     already serialized responses becomes a ResponseBatch without parsing any of them again.
     """
     tag = _varint(field_number << 3 | 2)
-    return b"".join(tag + _varint(len(item)) + item for item in items)
+    short = _SHORT_LENGTHS
+    parts: list[bytes] = []
+    append = parts.append
+    for item in items:
+        n = len(item)
+        append(tag)
+        append(short[n] if n < len(short) else _varint(n))
+        append(item)
+    return b"".join(parts)
 
 
 @dataclass(frozen=True, slots=True)

@@ -147,6 +147,18 @@ def test_encode_refuses_non_wire_messages() -> None:
         FrameCodec().encode(pb.Tensor())
 
 
+def test_repeated_field_length_prefixes_across_the_table_s_end() -> None:
+    """Items of 0, 127, 128, 16,383, 16,384 and 300,000 bytes parse back: short and long length prefixes."""
+    from edgewire import repeated_field
+
+    sizes = (0, 127, 128, 16_383, 16_384, 300_000)
+    batch = pb.RequestBatch(
+        requests=[pb.InferRequest(request_id=b"i" * 16, model_name="m" * max(0, n - 20)) for n in sizes]
+    )
+    items = [r.SerializeToString() for r in batch.requests]
+    assert pb.RequestBatch.FromString(repeated_field(1, items)) == batch
+
+
 @given(batch=PAYLOADS["response_batch"])
 def test_repeated_field_assembles_a_batch_from_serialized_items(batch: pb.ResponseBatch) -> None:
     """Concatenating serialized responses with repeated_field equals serializing the batch."""
