@@ -48,9 +48,12 @@ class CircuitBreaker:
             return True
         return False
 
-    def success(self) -> None:
+    def success(self) -> bool:
+        """A call succeeded: the breaker closes. True when it was not closed before (this closed it)."""
+        opened = self._state is not BreakerState.CLOSED
         self._state = BreakerState.CLOSED
         self._failures = 0
+        return opened
 
     def failure(self, now: float) -> None:
         self._failures += 1

@@ -215,14 +215,14 @@ class CpuStage:
         """Per kept request, its outputs as response bytes. ``requests`` (the kept ones) decide where it
         runs, with ``in_worker`` as in :meth:`prepare`; they are not sent: what finish needs beyond the
         outputs travels in ``prepared.extras``."""
-        light = worker.without_inputs(prepared)
         # Where prepare ran, as prepare decided (the kept requests are no larger): asked again only for a
         # batch prepared elsewhere.
         local = prepared.where
         if local is None or in_worker:
             local = self._local(pipeline, requests, prepared.spec, in_worker)
-        if local == "loop":
-            return worker.finish_batch(pipeline, light, outputs)
+        if local == "loop":  # nothing is shipped: finish reads no inputs, so no copy without them
+            return worker.finish_batch(pipeline, prepared, outputs)
+        light = worker.without_inputs(prepared)
         if local == "thread":
             return await self._in_thread(worker.finish_batch, pipeline, light, outputs)
         return await self._in_worker(worker.finish_batch, pipeline, light, outputs)

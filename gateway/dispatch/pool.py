@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Literal, cast
+from typing import Final, Literal
 
 import structlog
+from prometheus_client import Counter, Gauge, Histogram
 
 from edgewire import labels, pb
 from gateway.config import PoolDispatch
@@ -36,6 +38,7 @@ from inference.backends.base import (
     InferCall,
     InferResult,
     ModelSpec,
+    fits_one_call,
     infer_within,
 )
 from inference.pipeline.base import Prepared
@@ -190,10 +193,18 @@ class PoolDispatcher:
         self._pass_scheduled = False
         self._timer: asyncio.TimerHandle | None = None
         self._ewma_item_s = 0.0
+        self._signals: PoolSignals | None = None  # the last signals() answer
         self._max_batch = dispatch.max_batch_size if dispatch.batching else 1
         self._preferred = sorted(p for p in dispatch.preferred_batch_sizes if p <= self._max_batch)
         self._delay_s = dispatch.max_queue_delay_us / 1e6 if dispatch.batching else 0.0
         self._realtime_delay_s = min(dispatch.realtime_queue_delay_us / 1e6, self._delay_s)
+        self._task_name = f"batch-{name}"
+        # This pool's metric children, taken from metrics.child on first use (a series appears when it is
+        # first written, as before) and kept here: a batch of one would otherwise pay a lookup each.
+        self._queue_wait: Histogram | None = None
+        self._batch_size: Histogram | None = None
+        self._ok_children: tuple[Gauge, Counter, Histogram] | None = None  # breaker_state, calls ok, latency
+        self._padding: dict[str, Histogram] = {}  # model name -> hkgw_padding_waste_ratio child
         # Read when scraped, not set on every request.
         metrics.child(metrics.queue_depth, name).set_function(lambda: self._depth)
         metrics.child(metrics.inflight, name).set_function(lambda: len(self._inflight))
@@ -211,12 +222,24 @@ class PoolDispatcher:
         )
 
     def signals(self, now: float) -> PoolSignals:
-        return PoolSignals(
-            queue_depth=self._depth,
-            ewma_latency_s=self._ewma_item_s,
-            healthy=self.healthy(now),
-            concurrency=self.concurrency,
-        )
+        """The pool's state for routing. Every frame asks every pool: the last answer is given again (it is
+        immutable) while nothing in it has changed."""
+        healthy = self.healthy(now)
+        last = self._signals
+        if (
+            last is None
+            or last.queue_depth != self._depth
+            or last.ewma_latency_s != self._ewma_item_s
+            or last.healthy is not healthy
+            or last.concurrency != self.concurrency
+        ):
+            last = self._signals = PoolSignals(
+                queue_depth=self._depth,
+                ewma_latency_s=self._ewma_item_s,
+                healthy=healthy,
+                concurrency=self.concurrency,
+            )
+        return last
 
     def signals_after_submit(self, before: PoolSignals) -> PoolSignals:
         """``before`` with the queue depth as it is now: health and latency do not change within a frame."""
@@ -325,22 +348,22 @@ class PoolDispatcher:
                 best = (rank, key, queue)
         return None if best is None else (best[1], best[2])
 
-    def _ready_size(self, key: tuple[str, str, int], queue: _ModelQueue, now: float) -> int:
+    def _ready_size(self, queue: _ModelQueue, now: float, spec: ModelSpec | None) -> int:
         """How many to take now; 0 = wait for more (Triton's preferred sizes and max queue delay).
+        ``spec``: the queue's model (``_spec``), None when the backend does not serve it.
 
         A model its server batches itself (Triton ``dynamic_batching``, Ray Serve ``@serve.batch``) goes
         one request per call, at once: batching twice only adds the gateway's delay to the server's.
         """
-        spec = self._spec(key[0], key[1])
         if spec is not None and spec.server_batching:
             return 1
         limit = batch_limit(self._max_batch, spec)
         n = len(queue)
         if n >= limit:
             return limit
-        fitting = [p for p in self._preferred if p <= n]
+        fitting = bisect_right(self._preferred, n)  # the preferred sizes are sorted: the largest <= n
         if fitting:
-            return fitting[-1]
+            return self._preferred[fitting - 1]
         if now - queue.oldest_enqueued() >= self._delay_for(queue):
             return n
         return 0
@@ -367,7 +390,8 @@ class PoolDispatcher:
                 return
             key, queue = picked
             now = time.monotonic()
-            size = self._ready_size(key, queue, now)
+            spec = self._spec(key[0], key[1])
+            size = self._ready_size(queue, now, spec)
             if size == 0:
                 wait = self._delay_for(queue) - (now - queue.oldest_enqueued())
                 assert self._loop is not None
@@ -377,11 +401,11 @@ class PoolDispatcher:
             self._depth -= len(items)
             if not queue:
                 self._queues.pop(key, None)
-            live = self._expire(items, time.monotonic())
+            live = self._expire(items, now)
             if live:
                 # Served at once, here: a batch whose every step runs on the loop is answered before this
                 # returns; one that waits (a worker, a thread, a remote backend) goes on as a task.
-                started = start_eagerly(self._serve(live), name=f"batch-{self.name}")
+                started = start_eagerly(self._serve(live, spec), name=self._task_name)
                 if isinstance(started, asyncio.Task):
                     self._inflight.add(started)
                     started.add_done_callback(self._finished)
@@ -395,12 +419,17 @@ class PoolDispatcher:
             log.error("batch task failed", pool=self.name, exc_info=task.exception())
 
     def _expire(self, items: list[WorkItem], now: float) -> list[WorkItem]:
-        waited = self._metrics.child(self._metrics.queue_wait, self.name)
-        enqueued: dict[float, int] = {}  # a frame's slice was queued at one time: one observation per slice
-        for item in items:
-            enqueued[item.enqueued] = enqueued.get(item.enqueued, 0) + 1
-        for at, n in enqueued.items():
-            observe_many(waited, now - at, n)
+        waited = self._queue_wait
+        if waited is None:
+            waited = self._queue_wait = self._metrics.child(self._metrics.queue_wait, self.name)
+        if len(items) == 1:
+            waited.observe(now - items[0].enqueued)
+        else:
+            enqueued: dict[float, int] = {}  # a frame's slice was queued at one time: one observation each
+            for item in items:
+                enqueued[item.enqueued] = enqueued.get(item.enqueued, 0) + 1
+            for at, n in enqueued.items():
+                observe_many(waited, now - at, n)
         return self._unexpired(items, now)
 
     def _unexpired(self, items: list[WorkItem], now: float) -> list[WorkItem]:
@@ -416,9 +445,13 @@ class PoolDispatcher:
 
     # ------------------------------------------------------------------ serving one batch
 
-    async def _serve(self, items: list[WorkItem]) -> None:
+    async def _serve(self, items: list[WorkItem], spec: ModelSpec | None = None) -> None:
+        """Serve a batch cut by the batcher (``spec``: its model's, as the batcher found it; None: look it
+        up), and apart the requests that one of them may have failed; every request is answered."""
         try:
-            await self._serve_batch(items)
+            failed = await self._attempt(items, retried=False, spec=spec)
+            if failed is not None:
+                await self._apart(failed)
         except asyncio.CancelledError:
             # Cancelled at the drain deadline (or on close) before it answered: accepted work is never
             # dropped silently; the agents resend these elsewhere.
@@ -430,19 +463,19 @@ class PoolDispatcher:
             for item in items:
                 self._answer_status(item, "INTERNAL", "internal error while serving the batch")
 
-    async def _serve_batch(self, items: list[WorkItem]) -> None:
-        failed = await self._attempt(items, retried=False)
-        if failed is not None:
-            await self._apart(failed)
-
-    async def _attempt(self, items: list[WorkItem], *, retried: bool) -> _Failed | None:
+    async def _attempt(
+        self, items: list[WorkItem], *, retried: bool, spec: ModelSpec | None = None
+    ) -> _Failed | None:
         """Serve one batch: prepare, backend call, finish, answers. Returns what failed it when one of its
         requests may be the cause (the caller serves them apart); every other outcome is answered here.
         ``retried``: the requests are a retry of a batch whose CPU task hung or died (they run in worker
-        processes and are not retried again)."""
+        processes and are not retried again). ``spec``: the model's, when the caller has just looked it up.
+        """
         now = time.monotonic()
-        model, version = items[0].model, items[0].version
-        spec = self._spec(model, version)
+        first = items[0]
+        model, version = first.model, first.version
+        if spec is None:
+            spec = self._spec(model, version)
         if spec is None:
             for item in items:
                 self._answer_status(item, "MODEL_NOT_FOUND", f"{self.name} does not serve it")
@@ -450,11 +483,17 @@ class PoolDispatcher:
         if not self.breaker.allow(now):
             self._fail(items, BackendError("circuit breaker open", retryable=True, status="UNAVAILABLE"))
             return None
-        requests = [item.request for item in items]
+        payloads: list[memoryview] | None
+        if len(items) == 1:
+            requests = [first.request]
+            payloads = None if first.raw is None else [first.raw]
+        else:
+            requests = [item.request for item in items]
+            payloads = [item.raw for item in items if item.raw is not None]
+            if len(payloads) != len(items):
+                payloads = None
         t_pre = time.perf_counter()
         try:
-            raw = [item.raw for item in items]
-            payloads = None if None in raw else cast(list[memoryview], raw)
             prepared = await self._cpu.prepare(
                 spec.pipeline, spec, requests, in_worker=retried, payloads=payloads
             )
@@ -473,7 +512,9 @@ class PoolDispatcher:
                 spec.pipeline,
                 prepared,
                 result.outputs,
-                [requests[i] for i in prepared.kept],
+                # Only where finish runs depends on them (their number and size): all of them, in any order,
+                # is the batch's own list.
+                requests if len(prepared.kept) == len(requests) else [requests[i] for i in prepared.kept],
                 in_worker=retried,
             )
         except Exception as exc:  # noqa: BLE001  (answered: by _cpu_failed, or apart)
@@ -586,22 +627,37 @@ class PoolDispatcher:
         """The backend call for a prepared batch (started at ``t_infer``): (result, the requests it served,
         when it returned); what failed it when one request may be the cause; or None when every request
         was answered otherwise (rejected inputs, a failed call)."""
-        model, version = items[0].model, items[0].version
+        first = items[0]
         self._reject_inputs(items, prepared, spec)
         if not prepared.kept:
             return None
-        kept = [items[i] for i in prepared.kept]
-        deadlines = [d for d in (item.remaining(time.monotonic()) for item in kept) if d is not None]
+        if len(items) == 1:  # and kept: the one request
+            kept = items
+            priority = first.priority
+            deadline = first.deadline
+        else:
+            kept = [items[i] for i in prepared.kept]
+            priority = min((item.priority for item in kept), key=PRIORITY_ORDER.__getitem__)
+            deadlines = [item.deadline for item in kept if item.deadline is not None]
+            deadline = min(deadlines) if deadlines else None
         call = InferCall(
-            model=model,
-            version=version,
+            model=first.model,
+            version=first.version,
             inputs=prepared.inputs,
-            priority=min((item.priority for item in kept), key=PRIORITY_ORDER.__getitem__),
-            timeout_s=min(deadlines) if deadlines else None,
+            priority=priority,
+            # The most urgent request's time left: min(d) - now is min(d - now), exactly (rounding keeps
+            # the order).
+            timeout_s=None if deadline is None else deadline - time.monotonic(),
         )
-        self._metrics.child(self._metrics.batch_size, self.name).observe(len(kept))
+        batch_size = self._batch_size
+        if batch_size is None:
+            batch_size = self._batch_size = self._metrics.child(self._metrics.batch_size, self.name)
+        batch_size.observe(len(kept))
         try:
-            result = await self._infer(call, spec)
+            if fits_one_call(call, spec.max_batch_size):  # as infer_within would, one coroutine fewer
+                result = await self.backend.infer(call)
+            else:
+                result = await infer_within(self.backend, call, spec.max_batch_size)
         except BackendError as exc:
             self._account_failure(exc, time.perf_counter() - t_infer)
             if _isolable(exc):
@@ -619,29 +675,43 @@ class PoolDispatcher:
             )
             return _Failed(kept, "infer", exc, answer)
         t_post = time.perf_counter()
-        self._succeeded(t_post - t_infer, len(kept))
-        if self._observe is not None:
-            seen: set[int] = set()
-            for item in kept:  # one observation per size bucket: the batch's time is each one's service time
-                if item.decision.size_bucket not in seen:
-                    seen.add(item.decision.size_bucket)
-                    self._observe(item, t_post - t_infer)
+        self._succeeded(t_post - t_infer, kept)
         return result, kept, t_post
 
-    async def _infer(self, call: InferCall, spec: ModelSpec) -> InferResult:
-        """One backend call, or several in turn when the batch has more rows than the model takes."""
-        return await infer_within(self.backend, call, spec.max_batch_size)
-
-    def _succeeded(self, infer_s: float, items: int) -> None:
-        self.breaker.success()
-        self._metrics.child(self._metrics.breaker_state, self.backend.name).set(BreakerState.CLOSED)
-        self._metrics.child(self._metrics.backend_calls, self.backend.name, "ok").inc()
-        self._metrics.child(self._metrics.backend_latency, self.backend.name).observe(infer_s)
-        per_item = infer_s / items
+    def _succeeded(self, infer_s: float, kept: list[WorkItem]) -> None:
+        """A backend call that served ``kept`` in ``infer_s``: breaker, metrics, latency estimates."""
+        children = self._ok_children
+        if children is None:
+            metrics, backend = self._metrics, self.backend.name
+            children = self._ok_children = (
+                metrics.child(metrics.breaker_state, backend),
+                metrics.child(metrics.backend_calls, backend, "ok"),
+                metrics.child(metrics.backend_latency, backend),
+            )
+            self.breaker.success()
+            children[0].set(BreakerState.CLOSED)
+        elif self.breaker.success():
+            # Closed by this success. A breaker that was closed already has its gauge at CLOSED: every
+            # failure sets it to the breaker's state after it, and only a success closes an open breaker.
+            children[0].set(BreakerState.CLOSED)
+        children[1].inc()
+        children[2].observe(infer_s)
+        per_item = infer_s / len(kept)
         alpha = self._alpha
         self._ewma_item_s = (
             per_item if not self._ewma_item_s else alpha * per_item + (1 - alpha) * self._ewma_item_s
         )
+        observe = self._observe
+        if observe is None:
+            return
+        if len(kept) == 1:
+            observe(kept[0], infer_s)
+            return
+        seen: set[int] = set()
+        for item in kept:  # one observation per size bucket: the batch's time is each one's service time
+            if item.decision.size_bucket not in seen:
+                seen.add(item.decision.size_bucket)
+                observe(item, infer_s)
 
     def _answer(
         self,
@@ -653,6 +723,13 @@ class PoolDispatcher:
         started: float,
     ) -> None:
         now = time.monotonic()
+        if len(items) == len(outputs):
+            for item in items:
+                if item.deadline is not None and item.deadline < now:
+                    break
+            else:  # all on time (the usual case): answered as they are
+                self._respond_ok(items, outputs, model, version, timing, started)
+                return
         on_time: list[WorkItem] = []
         kept: list[bytes] = []
         for item, output_bytes in zip(items, outputs, strict=True):
@@ -668,9 +745,14 @@ class PoolDispatcher:
     def _reject_inputs(self, items: Sequence[WorkItem], prepared: Prepared, spec: ModelSpec) -> None:
         if prepared.padded_elements:
             waste = 1.0 - prepared.real_elements / prepared.padded_elements
-            self._metrics.child(self._metrics.padding_waste, self._metrics.model_label(spec.name)).observe(
-                waste
-            )
+            padding = self._padding.get(spec.name)
+            if padding is None:
+                if len(self._padding) >= 1024:  # bounded: the backend's models
+                    self._padding.clear()
+                padding = self._padding[spec.name] = self._metrics.child(
+                    self._metrics.padding_waste, self._metrics.model_label(spec.name)
+                )
+            padding.observe(waste)
         if prepared.truncated:
             self._metrics.child(self._metrics.input_truncated, self._metrics.model_label(spec.name)).inc(
                 prepared.truncated

@@ -137,6 +137,15 @@ class Backend(Protocol):
     async def aclose(self) -> None: ...
 
 
+def fits_one_call(call: InferCall, max_rows: int) -> bool:
+    """Whether :func:`infer_within` sends ``call`` as it is: it has no more rows than ``max_rows`` (the
+    model's ``max_batch_size``; 0 = no limit)."""
+    if max_rows <= 0 or not call.inputs:
+        return True
+    rows: int = next(iter(call.inputs.values())).shape[0]
+    return rows <= max_rows
+
+
 async def infer_within(backend: Backend, call: InferCall, max_rows: int) -> InferResult:
     """``backend.infer(call)``, or several calls in turn when the batch has more rows than the model takes.
 
@@ -145,9 +154,9 @@ async def infer_within(backend: Backend, call: InferCall, max_rows: int) -> Infe
     many and the outputs joined, so no valid request fails because of how it was batched. The pieces share
     the call's deadline: each gets the time left, and none starts once it has passed.
     """
-    rows = next(iter(call.inputs.values())).shape[0] if call.inputs and max_rows > 0 else 0
-    if rows <= max_rows or max_rows <= 0:
+    if fits_one_call(call, max_rows):
         return await backend.infer(call)
+    rows = next(iter(call.inputs.values())).shape[0]
     deadline = None if call.timeout_s is None else time.monotonic() + call.timeout_s
     parts = []
     for start in range(0, rows, max_rows):

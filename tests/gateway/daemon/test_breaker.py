@@ -36,3 +36,19 @@ def test_failed_trial_reopens() -> None:
     breaker.failure(8)
     assert breaker.state(9) is BreakerState.OPEN
     assert not breaker.allow(12)
+
+
+def test_success_says_whether_it_closed_the_breaker() -> None:
+    """success() is True when it closes an open or half-open breaker, False when it was closed already."""
+    breaker = CircuitBreaker(failure_threshold=2, open_s=5)
+    assert breaker.success() is False
+    breaker.failure(0)
+    assert breaker.success() is False  # one failure under the threshold: it stayed closed
+    breaker.failure(1)
+    breaker.failure(2)
+    assert breaker.success() is True  # open
+    breaker.failure(3)
+    breaker.failure(4)
+    assert breaker.allow(10)  # half-open: a trial
+    assert breaker.success() is True
+    assert breaker.state(11) is BreakerState.CLOSED

@@ -225,6 +225,31 @@ async def test_failing_backend_trips_breaker_and_traffic_spills_then_returns(mod
     assert any(r.tier == pb.TIER_CLOUD for r in after)
 
 
+async def test_breaker_state_metric_reads_open_then_closed_after_recovery(models_dir: Path) -> None:
+    """hkgw_breaker_state is 2 while failures hold the breaker open and 0 once a call succeeds again."""
+    async with run_gateway(models_dir=models_dir, **split_backends(models_dir, open_s=0.5)) as gw:
+        gpu = backend(gw, "gpu")
+        heavy = synthetic(20, seed=16)
+        for r in heavy:
+            r.complexity_hint = 0.95  # the client says: cloud tier
+        async with WireClient(gw.endpoint("hgc")) as agent:
+            await agent.infer(fresh_requests(heavy))  # served: the gauge exists, closed
+            closed_at_first = sample(gw, "hkgw_breaker_state", backend="gpu")
+            gpu.fail = True
+            await agent.infer(fresh_requests(heavy))
+            await wait_for(lambda: gw.snapshot.tiers.get("cloud") is False, timeout_s=5)
+            opened = sample(gw, "hkgw_breaker_state", backend="gpu")
+            gpu.fail = False
+            await wait_for(lambda: gw.pools["gpu-a100-mig"].healthy(time.monotonic()), timeout_s=5)
+            calls_before = gpu.calls
+            deadline = time.monotonic() + 10
+            while gpu.calls == calls_before and time.monotonic() < deadline:
+                await agent.infer(fresh_requests(heavy))
+    assert gpu.calls > calls_before
+    assert (closed_at_first, opened) == (0, 2)
+    assert sample(gw, "hkgw_breaker_state", backend="gpu") == 0
+
+
 async def test_drain_deadline_answers_unfinished_batches(models_dir: Path) -> None:
     """Batches still in a backend when the drain deadline passes are answered UNAVAILABLE, never dropped."""
     overrides = split_backends(models_dir)
