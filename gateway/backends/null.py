@@ -58,6 +58,9 @@ class NullBackend:
         self._specs: dict[tuple[str, str], ModelSpec] = {}
         self._defaults: dict[str, str] = {}
         self._served = ServedVersions(self._specs, self._defaults)  # views of the two dicts start() fills
+        # Per served spec (by id: start() fills _specs once and keeps them), each output's name, shape
+        # without the batch dim and dtype: worked out once, not on every call.
+        self._outputs: dict[int, tuple[tuple[str, tuple[int, ...], np.dtype[Any]], ...]] = {}
         self._started = False
         self._closed = False
 
@@ -77,6 +80,10 @@ class NullBackend:
                 for version in entry.loaded:
                     spec = dataclasses.replace(entry.spec(version), server_batching=False)
                     self._specs[(name, str(version))] = spec
+        for spec in self._specs.values():
+            self._outputs[id(spec)] = tuple(
+                (out.name, tuple(max(d, 1) for d in out.dims), np.dtype(out.dtype)) for out in spec.outputs
+            )
         self._started = True
 
     async def infer(self, call: InferCall) -> InferResult:
@@ -90,10 +97,7 @@ class NullBackend:
         if first is None:
             first = next(iter(call.inputs.values()), np.zeros(0))
         lead: tuple[int, ...] = (first.shape[0] if first.ndim else 0,) if spec.max_batch_size > 0 else ()
-        outputs = {
-            out.name: np.zeros((*lead, *(max(d, 1) for d in out.dims)), dtype=out.dtype)
-            for out in spec.outputs
-        }
+        outputs = {name: np.zeros(lead + dims, dtype=dtype) for name, dims, dtype in self._outputs[id(spec)]}
         return InferResult(outputs=outputs, model_version=spec.version)
 
     def model(self, name: str, version: str = "") -> ModelSpec | None:
