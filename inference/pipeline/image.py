@@ -17,7 +17,14 @@ from edgewire import pb
 from edgewire.extras import optional_dependency
 from inference.backends.base import ModelSpec
 from inference.pipeline.base import Prepared
-from inference.pipeline.tensor import InvalidInput, Rejected, encode_bytes, tensor_from_array
+from inference.pipeline.tensor import (
+    InvalidInput,
+    Rejected,
+    encode_bytes,
+    output_prefix,
+    tensor_from_array,
+    wire_data,
+)
 
 with optional_dependency("agent-local", "gateway"):
     from PIL import Image, UnidentifiedImageError
@@ -128,14 +135,7 @@ class ImagePipeline:
 
     def finish(self, prepared: Prepared, outputs: Mapping[str, np.ndarray]) -> list[list[pb.Tensor]]:
         """Softmax over the batch in one pass; per request its probabilities and the argmax's label."""
-        (logits,) = outputs.values()
-        logits = np.asarray(logits, dtype=np.float32)
-        shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-        probs = shifted / shifted.sum(axis=1, keepdims=True)
-        top = probs.argmax(axis=1)
-        names = label_names(prepared.spec) if prepared.spec is not None else ()
-        if len(names) != logits.shape[1]:
-            names = tuple(f"class_{i}" for i in range(logits.shape[1]))
+        probs, top, names = classified(prepared, outputs)
         results: list[list[pb.Tensor]] = []
         for rows in prepared.rows:
             row = rows.start
@@ -149,6 +149,46 @@ class ImagePipeline:
                 ]
             )
         return results
+
+    def finish_bytes(self, prepared: Prepared, outputs: Mapping[str, np.ndarray]) -> list[bytes]:
+        """:meth:`finish`, each request's answer serialized: the probabilities converted once, each
+        label's tensor once per batch."""
+        probs, top, names = classified(prepared, outputs)
+        datatype, raw = wire_data(PROBS, probs)
+        count = len(probs)
+        size = len(raw) // count if count else 0  # bytes per row
+        prefix = output_prefix(PROBS, datatype, probs.shape[1:], size)
+        labels: dict[int, bytes] = {}
+        answers: list[bytes] = []
+        for rows in prepared.rows:
+            best = int(top[rows.start])  # an IndexError for a row the batch lacks, as probs[row] raises
+            row = rows.start % count
+            label = labels.get(best)
+            if label is None:
+                label = labels[best] = _label_output(names[best])
+            answers.append(b"".join((prefix, raw[row * size : (row + 1) * size], label)))
+        return answers
+
+
+def classified(
+    prepared: Prepared, outputs: Mapping[str, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+    """The batch's softmax (float32), each row's argmax and the class names."""
+    (logits,) = outputs.values()
+    logits = np.asarray(logits, dtype=np.float32)
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs = shifted / shifted.sum(axis=1, keepdims=True)
+    top = probs.argmax(axis=1)
+    names = label_names(prepared.spec) if prepared.spec is not None else ()
+    if len(names) != logits.shape[1]:
+        names = tuple(f"class_{i}" for i in range(logits.shape[1]))
+    return probs, top, names
+
+
+def _label_output(name: str) -> bytes:
+    """The ``label`` tensor of a class, as an ``InferResponse.outputs`` entry."""
+    raw = encode_bytes([name.encode()])
+    return output_prefix(LABEL, pb.DATA_TYPE_BYTES, (1,), len(raw)) + raw
 
 
 def label_names(spec: ModelSpec) -> tuple[str, ...]:

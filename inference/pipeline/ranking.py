@@ -28,7 +28,7 @@ from edgewire import pb
 from edgewire.pb.edgeinfer.v1.views_pb2 import RankingDenseView
 from inference.backends.base import ModelSpec
 from inference.pipeline.base import Prepared
-from inference.pipeline.tensor import InvalidInput, batch_slices, tensor_from_array
+from inference.pipeline.tensor import InvalidInput, batch_slices, output_prefix, tensor_from_array, wire_data
 
 SCORES = "scores"
 ITEM_IDS = "item_ids"
@@ -349,18 +349,10 @@ class RankingPipeline:
     def finish(self, prepared: Prepared, outputs: Mapping[str, np.ndarray]) -> list[list[pb.Tensor]]:
         """Per kept request, its candidates ordered by score, best first, cut to ``top_k`` (0 = all); the
         item ids and ``top_k`` are what ``prepare`` kept (``extras``)."""
-        scores = np.asarray(outputs[SCORES], dtype=np.float32).reshape(-1)
-        ids, top_k = prepared.extras[ITEM_IDS], prepared.extras[TOP_K]
-        rows = prepared.rows
-        if len(rows) == 1 and rows[0].stop - rows[0].start == len(scores):
-            chosen = top_k_order(scores, int(top_k[0]))
-            return [[tensor_from_array(ITEM_IDS, ids[chosen]), tensor_from_array(SCORES, scores[chosen])]]
-        counts = [r.stop - r.start for r in rows]
-        chosen, lengths = top_k_orders(scores, counts, top_k)
-        best_ids, best_scores = ids[chosen], scores[chosen]
+        best_ids, best_scores, lengths = ranked(prepared, outputs)
         results: list[list[pb.Tensor]] = []
         end = 0
-        for length in lengths.tolist():
+        for length in lengths:
             start, end = end, end + length
             results.append(
                 [
@@ -369,6 +361,43 @@ class RankingPipeline:
                 ]
             )
         return results
+
+    def finish_bytes(self, prepared: Prepared, outputs: Mapping[str, np.ndarray]) -> list[bytes]:
+        """:meth:`finish`, each request's answer serialized: the batch's ids and scores converted once,
+        then each request's bytes cut from them behind a prefix cached per length."""
+        best_ids, best_scores, lengths = ranked(prepared, outputs)
+        ids_type, ids_raw = wire_data(ITEM_IDS, best_ids)
+        scores_type, scores_raw = wire_data(SCORES, best_scores)
+        ids_size, scores_size = best_ids.itemsize, best_scores.itemsize
+        answers: list[bytes] = []
+        end = 0
+        for length in lengths:
+            start, end = end, end + length
+            answers.append(
+                b"".join(
+                    (
+                        output_prefix(ITEM_IDS, ids_type, (length,), length * ids_size),
+                        ids_raw[start * ids_size : end * ids_size],
+                        output_prefix(SCORES, scores_type, (length,), length * scores_size),
+                        scores_raw[start * scores_size : end * scores_size],
+                    )
+                )
+            )
+        return answers
+
+
+def ranked(prepared: Prepared, outputs: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """Every kept request's chosen candidates, one request after another: (item ids, float32 scores, how
+    many per request)."""
+    scores = np.asarray(outputs[SCORES], dtype=np.float32).reshape(-1)
+    ids, top_k = prepared.extras[ITEM_IDS], prepared.extras[TOP_K]
+    rows = prepared.rows
+    if len(rows) == 1 and rows[0].stop - rows[0].start == len(scores):
+        chosen = top_k_order(scores, int(top_k[0]))
+        return ids[chosen], scores[chosen], [len(chosen)]
+    counts = [r.stop - r.start for r in rows]
+    chosen, lengths = top_k_orders(scores, counts, top_k)
+    return ids[chosen], scores[chosen], lengths.tolist()
 
 
 def prepare_batch(requests: Sequence[pb.InferRequest], layout: RankingLayout) -> Prepared:

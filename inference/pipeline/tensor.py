@@ -18,6 +18,7 @@ from typing import Any, Final
 import numpy as np
 
 from edgewire import pb
+from edgewire.codec import _varint
 from edgewire.scan import Buffer
 from inference.backends.base import ModelSpec, TensorSpec
 from inference.pipeline.base import Prepared
@@ -76,6 +77,8 @@ DATATYPE_BY_DTYPE: Final[Mapping[str, pb.DataType.ValueType]] = {
 MAX_DIMS: Final = 64
 """The most dims a wire tensor may have: numpy's limit (a tensor with more is refused, never reshaped)."""
 _LENGTH = np.dtype("<u4")
+_UINT64: Final = (1 << 64) - 1  # a negative int64 as protobuf writes it: two's complement, 64 bits
+_OUTPUTS_TAG: Final = _varint(4 << 3 | 2)  # InferResponse.outputs: field 4, length-delimited
 # By the dtype itself: ``dtype.name`` is computed in Python on every access, a few microseconds per tensor.
 _DATATYPE_OF_DTYPE: Final[Mapping[np.dtype, pb.DataType.ValueType]] = {
     dtype: datatype for datatype, dtype in DTYPE_BY_DATATYPE.items()
@@ -108,6 +111,53 @@ def tensor_from_array(name: str, array: np.ndarray) -> pb.Tensor:
     else:
         raw = np.ascontiguousarray(array, dtype=DTYPE_BY_DATATYPE[datatype]).tobytes()
     return pb.Tensor(name=name, datatype=datatype, shape=array.shape, raw_data=raw)
+
+
+def wire_data(name: str, array: np.ndarray) -> tuple[pb.DataType.ValueType, bytes]:
+    """The wire DataType of ``array`` and its elements as ``raw_data``, as :func:`tensor_from_array` writes
+    them (its tests hold the two equal); a TypeError names the tensor whose dtype has no wire type."""
+    datatype = _DATATYPE_OF_DTYPE.get(array.dtype)
+    if datatype is None:  # e.g. big-endian: the same wire type, converted below
+        try:
+            datatype = DATATYPE_BY_DTYPE[array.dtype.name]
+        except KeyError:
+            raise TypeError(f"tensor {name!r}: dtype {array.dtype} has no wire DataType") from None
+        if datatype != pb.DATA_TYPE_BYTES:
+            return datatype, np.ascontiguousarray(array, dtype=DTYPE_BY_DATATYPE[datatype]).tobytes()
+    if datatype == pb.DATA_TYPE_BYTES:
+        return datatype, encode_bytes([e.encode() if isinstance(e, str) else bytes(e) for e in array.ravel()])
+    return datatype, array.tobytes()  # already the wire dtype: its elements in C order as they are
+
+
+def output_bytes(name: str, array: np.ndarray) -> bytes:
+    """``array`` as one entry of ``InferResponse.outputs``, serialized: the bytes that
+    ``InferResponse(outputs=[tensor_from_array(name, array)])`` serializes to. Entries concatenated are a
+    response with those outputs (see :func:`output_prefix`)."""
+    datatype, raw = wire_data(name, array)
+    return output_prefix(name, datatype, array.shape, len(raw)) + raw
+
+
+@functools.lru_cache(maxsize=4096)  # bounded: the outputs served, by shape (ranking: one per top-k length)
+def output_prefix(name: str, datatype: int, shape: tuple[int, ...], raw_length: int) -> bytes:
+    """An ``InferResponse.outputs`` entry up to its raw_data: the field's tag and length, then the Tensor's
+    name, datatype, shape and the tag and length of a raw_data of ``raw_length`` bytes, which follow it.
+
+    Byte for byte what protobuf serializes: fields in number order, proto3 defaults (empty name, datatype
+    0, no dims, empty raw_data) left out, the shape packed, a negative dim as ten bytes (int64).
+    """
+    tensor = bytearray()
+    if name:
+        encoded = name.encode()
+        tensor += b"\x0a" + _varint(len(encoded)) + encoded
+    if datatype:
+        tensor += b"\x10" + _varint(datatype)
+    if shape:
+        dims = b"".join(_varint(d & _UINT64) for d in shape)
+        tensor += b"\x1a" + _varint(len(dims)) + dims
+    if raw_length:
+        tensor += b"\x22" + _varint(raw_length)
+    # the entry's length counts the raw_data the caller appends
+    return _OUTPUTS_TAG + _varint(len(tensor) + raw_length) + bytes(tensor)
 
 
 def array_from_tensor(tensor: pb.Tensor, raw_data: memoryview | None = None) -> np.ndarray:
@@ -258,6 +308,13 @@ class TensorPipeline:
         """Each kept request's rows of every output, as wire tensors."""
         return [
             [tensor_from_array(name, array[rows]) for name, array in outputs.items()]
+            for rows in prepared.rows
+        ]
+
+    def finish_bytes(self, prepared: Prepared, outputs: Mapping[str, np.ndarray]) -> list[bytes]:
+        """:meth:`finish`, each request's tensors serialized as its ``InferResponse``."""
+        return [
+            b"".join([output_bytes(name, array[rows]) for name, array in outputs.items()])
             for rows in prepared.rows
         ]
 

@@ -26,7 +26,7 @@ from edgewire import pb
 from inference.backends.base import ModelSpec
 from inference.pipeline import tokenizer
 from inference.pipeline.base import Prepared
-from inference.pipeline.tensor import InvalidInput, tensor_from_array
+from inference.pipeline.tensor import InvalidInput, output_prefix, tensor_from_array, wire_data
 from inference.pipeline.textsize import MAX_TEXT_CHARS
 
 if TYPE_CHECKING:
@@ -179,8 +179,28 @@ class TextPipeline:
 
     def finish(self, prepared: Prepared, outputs: Mapping[str, np.ndarray]) -> list[list[pb.Tensor]]:
         """L2-normalise the batch's embeddings in one pass; one [dim] tensor per request."""
-        embeddings = np.asarray(outputs[EMBEDDING], dtype=np.float32)
-        # np.linalg.norm(embeddings, axis=1, keepdims=True) computes exactly this, after ~1 us of checks
-        norms = np.sqrt(np.add.reduce(embeddings * embeddings, axis=1, keepdims=True))
-        normalised = embeddings / np.maximum(norms, np.float32(1e-12))
+        normalised = normalised_embeddings(outputs)
         return [[tensor_from_array(EMBEDDING, normalised[rows][0])] for rows in prepared.rows]
+
+    def finish_bytes(self, prepared: Prepared, outputs: Mapping[str, np.ndarray]) -> list[bytes]:
+        """:meth:`finish`, each request's answer serialized: the batch converted once, then per request
+        its row's bytes behind the one prefix every row shares."""
+        normalised = normalised_embeddings(outputs)
+        datatype, raw = wire_data(EMBEDDING, normalised)
+        count = len(normalised)
+        size = len(raw) // count if count else 0  # bytes per row
+        prefix = output_prefix(EMBEDDING, datatype, normalised.shape[1:], size)
+        numbers = range(count)  # numbers[rows][0] is the row normalised[rows][0] is, IndexError alike
+        answers: list[bytes] = []
+        for rows in prepared.rows:
+            row = numbers[rows][0]
+            answers.append(prefix + raw[row * size : (row + 1) * size])
+        return answers
+
+
+def normalised_embeddings(outputs: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The batch's embeddings (float32) divided by their L2 norms, floored at 1e-12."""
+    embeddings = np.asarray(outputs[EMBEDDING], dtype=np.float32)
+    # np.linalg.norm(embeddings, axis=1, keepdims=True) computes exactly this, after ~1 us of checks
+    norms = np.sqrt(np.add.reduce(embeddings * embeddings, axis=1, keepdims=True))
+    return embeddings / np.maximum(norms, np.float32(1e-12))

@@ -18,7 +18,7 @@ from edgewire import pb
 from edgewire.scan import Buffer
 from inference.backends.base import ModelSpec
 from inference.pipeline.arena import Slot, payloads_in, place
-from inference.pipeline.base import PayloadPipeline, Prepared
+from inference.pipeline.base import PayloadPipeline, Prepared, ResponsePipeline
 from inference.pipeline.registry import pipeline_for
 
 
@@ -75,7 +75,10 @@ def prepare_requests(
 def finish_batch(pipeline: str, prepared: Prepared, outputs: Mapping[str, np.ndarray]) -> list[bytes]:
     """Per kept request, its outputs as response bytes; what the pipeline needs besides the outputs is in
     ``prepared`` (the requests are not sent again)."""
-    tensors = pipeline_for(pipeline).finish(prepared, outputs)
+    chosen = pipeline_for(pipeline)
+    if hasattr(chosen, "finish_bytes"):  # not isinstance: see prepare_requests
+        return cast(ResponsePipeline, chosen).finish_bytes(prepared, outputs)
+    tensors = chosen.finish(prepared, outputs)
     return [pb.InferResponse(outputs=t).SerializeToString() for t in tensors]
 
 
