@@ -1,12 +1,14 @@
 """Where a lone realtime request's gateway CPU goes: an in-process gateway, one request at a time.
 
-    python -m bench.lone_profile [--requests 3000] [--profile] [--features 0|1]
+    python -m bench.lone_profile [--requests 3000] [--profile] [--features 0|1] [--frame 100 [--window 8]]
 
 The gateway (null backend, bench/gateway_bench.py's config) runs on this process's event loop; a plain
 DEALER on another thread sends issue 24's mix (60% ranking of 8-32 candidates, 40% short text) one
 realtime request per frame and waits for each answer before the next. The main thread's CPU time is then
 the gateway's alone: printed per request, and with ``--profile`` a cProfile of that thread (by own time and
-by cumulative time). ``--features 0`` sends frames that do not ask for Acks with answers. Loopback only;
+by cumulative time). ``--features 0`` sends frames that do not ask for Acks with answers. ``--frame N``
+(N > 1) sends frames of N requests of the mix instead (issue 24's batched frames: bench/frame_path.py's
+``mixed_requests``, encoded before the run), ``--window`` of them in flight: CPU per record. Loopback only;
 bounded by ``--requests``.
 """
 
@@ -26,6 +28,7 @@ import zmq
 
 from bench.frame_path import copies, mixed_requests
 from bench.gateway_bench import FEATURES, GATEWAY_TOML, pools_toml, restamp
+from bench.ingest_bench import prebuild
 from edgewire import FrameCodec, pb
 from gateway.config import load_config
 from gateway.server import Gateway
@@ -63,7 +66,34 @@ def client(endpoint: str, n: int, features: int, statuses: list[int]) -> None:
         ctx.term()
 
 
-async def run(requests: int, features: int, profile: bool, work: Path) -> None:
+def batched_client(endpoint: str, n: int, frame: int, window: int, statuses: list[int]) -> None:
+    """Send ``n`` requests in frames of ``frame`` (encoded first), ``window`` frames in flight."""
+    templates = mixed_requests(2, min(40, max(1, -(-n // 100))))  # cycled, fresh ids per frame
+    frames = prebuild(copies(templates), -(-n // frame), batch=frame)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 10_000)
+    sock.connect(endpoint)
+    codec = FrameCodec()
+    total = sum(codec.decode(f).envelope.record_count for f in frames)
+    sent = 0
+    try:
+        while len(statuses) < total:
+            while sent < len(frames) and sent * frame - len(statuses) < window * frame:
+                sock.send_multipart(frames[sent])
+                sent += 1
+            payload = codec.decode(sock.recv_multipart()).payload
+            if isinstance(payload, pb.ResponseBatch):
+                statuses.extend(r.status for r in payload.responses)
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
+async def run(
+    requests: int, features: int, profile: bool, work: Path, frame: int = 1, window: int = 8
+) -> None:
     models = work / "models"
     write_demo_repository(models)
     config = work / "gateway.toml"
@@ -79,7 +109,10 @@ async def run(requests: int, features: int, profile: bool, work: Path) -> None:
 
             def drive(n: int = n, statuses: list[int] = statuses, done: asyncio.Event = done) -> None:
                 try:
-                    client(endpoint, n, features, statuses)
+                    if frame > 1:
+                        batched_client(endpoint, n, frame, window, statuses)
+                    else:
+                        client(endpoint, n, features, statuses)
                 finally:
                     loop.call_soon_threadsafe(done.set)
 
@@ -96,10 +129,11 @@ async def run(requests: int, features: int, profile: bool, work: Path) -> None:
                 continue
             cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
             ok = sum(1 for s in statuses if s == pb.STATUS_OK)
+            what = "lone realtime requests" if frame == 1 else f"requests in frames of {frame}"
             print(
-                f"{n} lone realtime requests, {len(statuses)} answered ({ok} OK): gateway loop thread "
-                f"{cpu / n * 1e6:.0f} us CPU per request{' (profiled)' if profiler else ''}, "
-                f"wall {wall / n * 1e6:.0f} us"
+                f"{n} {what}, {len(statuses)} answered ({ok} OK): gateway loop thread "
+                f"{cpu / len(statuses) * 1e6:.1f} us CPU per request{' (profiled)' if profiler else ''}, "
+                f"wall {wall / len(statuses) * 1e6:.1f} us"
             )
             if profiler is not None:
                 stats = pstats.Stats(profiler)
@@ -115,9 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--features", type=int, choices=(0, 1), default=1)
+    parser.add_argument("--frame", type=int, default=1, help="requests per frame (1: lone realtime)")
+    parser.add_argument("--window", type=int, default=8, help="frames in flight, with --frame > 1")
     args = parser.parse_args(argv)
+    features = FEATURES if args.features else 0
     with tempfile.TemporaryDirectory() as work:
-        uvloop.run(run(args.requests, FEATURES if args.features else 0, args.profile, Path(work)))
+        uvloop.run(run(args.requests, features, args.profile, Path(work), args.frame, args.window))
     return 0
 
 
