@@ -68,6 +68,14 @@ class DedupeWindow:
         if expires is not None and expires > 0:
             self._entries[request_id] = -expires
 
+    def done_many(self, request_ids: list[bytes]) -> None:
+        """:meth:`done` for each of ``request_ids``."""
+        entries = self._entries
+        for request_id in request_ids:
+            expires = entries.get(request_id)
+            if expires is not None and expires > 0:
+                entries[request_id] = -expires
+
     def forget(self, request_id: bytes) -> None:
         """Drop an id so that a resend is served (used when queued work is handed back on drain)."""
         self._entries.pop(request_id, None)
@@ -113,6 +121,24 @@ class ResponseCache:
         self._bytes += cost
         while self._bytes > self.max_bytes:
             _, dropped = self._items.popitem(last=False)
+            self._bytes -= len(dropped) + ENTRY_BYTES
+
+    def put_many(self, request_ids: list[bytes], responses: list[bytes]) -> None:
+        """:meth:`put` for each pair in turn, the bound applied once at the end (the same entries stay)."""
+        items, limit = self._items, self.max_bytes
+        added = 0
+        for request_id, response in zip(request_ids, responses, strict=True):
+            cost = len(response) + ENTRY_BYTES
+            if cost > limit:
+                continue
+            old = items.pop(request_id, None)
+            if old is not None:
+                added -= len(old) + ENTRY_BYTES
+            items[request_id] = response
+            added += cost
+        self._bytes += added
+        while self._bytes > limit:
+            _, dropped = items.popitem(last=False)
             self._bytes -= len(dropped) + ENTRY_BYTES
 
     def get(self, request_id: bytes) -> bytes | None:

@@ -535,30 +535,36 @@ class Ingest:
         now = self._clock()
         heads = ResponseHeads(model, version, timing, started, now)
         metrics = self._metrics
-        cache = self.responses if self.responses.max_bytes else None
-        done, asked_on = self.dedupe.done, self._asked_on
+        answer, asked_on = heads.answer, self._asked_on
+        answered: list[bytes] = []  # ids, in order
+        datas: list[bytes] = []
         outbox: dict[tuple[str, str], list[bytes]] = {}
+        route: tuple[str, str] | None = None
+        answers: list[bytes] = []
         for item, output in zip(items, outputs, strict=True):
             if item.answered:
                 continue
             item.answered = True
             rid = item.request.request_id
-            data = heads.answer(item, rid, output)
-            done(rid)
-            if cache is not None:
-                cache.put(rid, data)
-            route = (item.agent_id, asked_on.pop(rid, (item.carrier, 0))[0])
-            answers = outbox.get(route)
-            if answers is None:
-                outbox[route] = [data]
-            else:
-                answers.append(data)
-        for (tier, pool), n in heads.counts.items():
+            data = answer(item, rid, output)
+            answered.append(rid)
+            datas.append(data)
+            here = (item.agent_id, asked_on.pop(rid, (item.carrier, 0))[0])
+            if here != route:  # a batch holds whole slices: consecutive answers mostly go one way
+                route = here
+                found = outbox.get(here)
+                answers = outbox[here] = [] if found is None else found
+            answers.append(data)
+        self.dedupe.done_many(answered)
+        if self.responses.max_bytes:
+            self.responses.put_many(answered, datas)
+        counts, latencies = heads.totals()
+        for (tier, pool), n in counts.items():
             metrics.child(metrics.responses, STATUS_LABELS[pb.STATUS_OK], tier, pool).inc(n)
-        for (tier, pool, elapsed), n in heads.latencies.items():
+        for (tier, pool, elapsed), n in latencies.items():
             observe_many(metrics.child(metrics.latency, tier, pool), elapsed, n)
-        for (agent_id, carrier), answers in outbox.items():
-            self._replies.respond_many(agent_id, answers, carrier)
+        for (agent_id, carrier), batch in outbox.items():
+            self._replies.respond_many(agent_id, batch, carrier)
 
     def flush_replies(self) -> None:
         """Send every reply ready, Acks still held for answers included (drain)."""

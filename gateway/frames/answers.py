@@ -25,9 +25,25 @@ assert pb.InferResponse.DESCRIPTOR.fields_by_name["request_id"].number == 1
 
 class ResponseHeads:
     """The heads of one batch's OK answers, one per (decision, received, enqueued), and what the metrics
-    count per group: responses per (tier, pool) and latencies per (tier, pool, latency)."""
+    count per group (:meth:`totals`): responses per (tier, pool) and latencies per (tier, pool, latency).
 
-    __slots__ = ("_heads", "_model", "_now", "_started", "_timing", "_version", "counts", "latencies")
+    A batch holds whole slices of frames, so consecutive answers mostly share their group: a run of them
+    reuses the head and is counted once, when the run ends."""
+
+    __slots__ = (
+        "_heads",
+        "_model",
+        "_now",
+        "_run",
+        "_run_head",
+        "_run_latency",
+        "_run_n",
+        "_started",
+        "_timing",
+        "_version",
+        "counts",
+        "latencies",
+    )
 
     def __init__(self, model: str, version: str, timing: pb.ServerTiming, started: float, now: float) -> None:
         self._model = model
@@ -38,14 +54,39 @@ class ResponseHeads:
         self._heads: dict[tuple[int, float, float], bytes] = {}
         self.counts: dict[tuple[str, str], int] = {}
         self.latencies: dict[tuple[str, str, float], int] = {}
+        self._run: tuple[object, float, float] | None = None  # (decision, received, enqueued) of the run
+        self._run_head = b""
+        self._run_latency: tuple[str, str, float] = ("", "", 0.0)
+        self._run_n = 0
 
     def answer(self, item: WorkItem, request_id: bytes, outputs: bytes) -> bytes:
         """The serialized response of ``item``: its id, its group's head, its outputs."""
+        run = self._run
+        if (
+            run is not None
+            and item.decision is run[0]
+            and item.received == run[1]
+            and item.enqueued == run[2]
+        ):
+            self._run_n += 1
+            head = self._run_head
+        else:
+            head = self._start_run(item)
+        if len(request_id) != 16:  # the gateway accepts only 16-byte ids; anything else is spelt out
+            return pb.InferResponse(request_id=request_id).SerializeToString() + head + outputs
+        return b"".join((_ID_FIELD, request_id, head, outputs))
+
+    def totals(self) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str, float], int]]:
+        """Responses per (tier, pool) and observations per (tier, pool, latency) of every answer so far."""
+        self._end_run()
+        return self.counts, self.latencies
+
+    def _start_run(self, item: WorkItem) -> bytes:
+        self._end_run()
         decision = item.decision
         key = (id(decision), item.received, item.enqueued)
-        head = self._heads.get(key)
-        tier, pool = decision.tier.value, decision.pool or "none"
         elapsed = self._now - item.received
+        head = self._heads.get(key)
         if head is None:
             timing = pb.ServerTiming()
             timing.CopyFrom(self._timing)
@@ -60,9 +101,19 @@ class ResponseHeads:
                 route_reason=decision.reason.value,
                 timing=timing,
             ).SerializeToString()
-        self.counts[(tier, pool)] = self.counts.get((tier, pool), 0) + 1
-        latency = (tier, pool, elapsed)
-        self.latencies[latency] = self.latencies.get(latency, 0) + 1
-        if len(request_id) != 16:  # the gateway accepts only 16-byte ids; anything else is spelt out
-            return pb.InferResponse(request_id=request_id).SerializeToString() + head + outputs
-        return b"".join((_ID_FIELD, request_id, head, outputs))
+        self._run = (decision, item.received, item.enqueued)
+        self._run_head = head
+        self._run_latency = (decision.tier.value, decision.pool or "none", elapsed)
+        self._run_n = 1
+        return head
+
+    def _end_run(self) -> None:
+        n = self._run_n
+        if not n:
+            return
+        latency = self._run_latency
+        group = (latency[0], latency[1])
+        self.counts[group] = self.counts.get(group, 0) + n
+        self.latencies[latency] = self.latencies.get(latency, 0) + n
+        self._run_n = 0
+        self._run = None

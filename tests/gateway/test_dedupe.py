@@ -104,3 +104,37 @@ def test_the_response_cache_bound_is_its_memory_not_only_its_payload() -> None:
     assert 0.9 * bound <= held <= 1.1 * bound
     assert cache.get(answers[0][0]) is None
     assert cache.get(answers[-1][0]) == answers[-1][1]
+
+
+def test_marking_a_batch_done_at_once_equals_one_by_one() -> None:
+    """done_many leaves every id as done() per id does: pending ones DONE, unknown or expired ones alone."""
+    ids = [new_id() for _ in range(30)]
+    one, many = DedupeWindow(window_s=10.0, max_entries=100), DedupeWindow(window_s=10.0, max_entries=100)
+    for window in (one, many):
+        window.accept_many(ids[:20], 0.0)
+        window.done(ids[3])
+    for rid in ids[::2]:
+        one.done(rid)
+    many.done_many(ids[::2])
+    assert [one.state(r, 5.0) for r in ids] == [many.state(r, 5.0) for r in ids]
+    assert many.state(ids[0], 5.0) is RequestState.DONE and many.state(ids[1], 5.0) is RequestState.PENDING
+
+
+def test_caching_a_batch_at_once_keeps_what_caching_one_by_one_keeps() -> None:
+    """put_many ends with the entries and bytes of put() per pair: the newest that fit, a re-put moved to
+    the end, one over the bound alone skipped."""
+    bound = 10 * (300 + 190)
+    sizes = [300, 40, 5000, 300, 700, 300, 1, 300, 300, 2000, 300]
+    ids = [new_id() for _ in sizes]
+    ids[7] = ids[1]  # a re-put
+    pairs = [(rid, bytes(n)) for rid, n in zip(ids, sizes, strict=True)]
+    one, many = ResponseCache(bound), ResponseCache(bound)
+    for rid, data in pairs[:3]:
+        one.put(rid, data)
+        many.put(rid, data)
+    for rid, data in pairs[3:]:
+        one.put(rid, data)
+    many.put_many([r for r, _ in pairs[3:]], [d for _, d in pairs[3:]])
+    assert one.nbytes == many.nbytes <= bound
+    assert len(one) == len(many)
+    assert [one.get(r) for r in ids] == [many.get(r) for r in ids]
