@@ -32,7 +32,7 @@ from gateway.ingress.carrier import Carrier
 from gateway.ops.histograms import observe_many
 from gateway.ops.metrics import GatewayMetrics
 from gateway.replies import ReplyRouter
-from inference.profile import profile_of, wire_priority
+from inference.profile import profile_of, sizes_of, wire_priority
 from routing.geo import RegionResolver
 from routing.holder import PolicyHolder
 from routing.types import Decision, PoolSignals, Priority, Reason, Tier
@@ -291,13 +291,7 @@ class Ingest:
         self._decisions_made.clear()
         ack = pb.Ack(acked_message_id=frame.envelope.message_id)
         requests = batch.requests
-        screened = Screened()
-        kept: list[int] = []  # the screened requests' positions in the frame
-        for index, request in enumerate(requests):
-            admitted = self._screen(frame, request, now, wall_us, ack)
-            if admitted is not None:
-                screened.add(request, *admitted)
-                kept.append(index)
+        screened, kept = self._screen_frame(frame, requests, now, wall_us, ack)
         if screened:
             # The requests' own bytes, for a CPU stage worker (found in the payload, not serialized again).
             spans = request_spans(payload, requests)
@@ -384,45 +378,71 @@ class Ingest:
             asked_on.popitem(last=False)
         ack.accepted_ids.extend(ids)
 
-    def _screen(
-        self, frame: _Frame, request: pb.InferRequest, now: float, wall_us: int, ack: pb.Ack
-    ) -> tuple[Priority, float | None] | None:
-        """Checks that need no routing: id, duplicate, model, size, deadline, drain. None = answered."""
-        rid = request.request_id
-        priority = wire_priority(request.priority or frame.envelope.priority)
+    def _screen_frame(
+        self, frame: _Frame, requests: Sequence[pb.InferRequest], now: float, wall_us: int, ack: pb.Ack
+    ) -> tuple[Screened, list[int]]:
+        """Checks that need no routing, request by request in frame order: id, duplicate, model, size,
+        deadline, drain. The requests that pass, with what routing reads of each, and their positions in
+        the frame; the others are answered in ``ack`` (or, duplicates, from the cache).
+
+        One loop with everything it reads of the gateway taken once: it runs for every request."""
+        screened = Screened()
+        kept: list[int] = []
+        envelope = frame.envelope
+        frame_priority, frame_deadline_us = envelope.priority, envelope.deadline_unix_us
         seen = self._requests_seen
-        key = (request.model_name, priority)
-        seen[key] = seen.get(key, 0) + 1
-        if not is_valid_id(rid):
-            self._nack(ack, rid, pb.NACK_REASON_INVALID_REQUEST, "request_id is not a 16-byte UUIDv7")
-            return None
-        state = self.dedupe.state(rid, now)
-        if state is not None:
-            # A resend or a re-ask (the agent lost the carrier its answer was to come on): never run twice.
-            # A request still running is answered when done on the carrier this frame came on; one answered
-            # already gets its answer again there, from the cache.
-            ack.duplicate_ids.append(rid)
-            self._metrics.child(self._metrics.duplicates, frame.carrier.name).inc()
-            if state is RequestState.DONE:
-                self._redeliver(frame, request)
-            else:
-                self._ask_on(frame, rid, again=True)
-            return None
-        if request.model_name not in self._policy.policy.config.models:
-            self._nack(ack, rid, pb.NACK_REASON_UNKNOWN_MODEL, f"model {request.model_name!r}")
-            return None
-        if len(request.parameters) > self._config.limits.max_parameters:
-            self._nack(ack, rid, pb.NACK_REASON_INVALID_REQUEST, "too many parameters")
-            return None
-        deadline_us = request.deadline_unix_us or frame.envelope.deadline_unix_us
-        remaining = (deadline_us - wall_us) / 1e6 if deadline_us else None
-        if remaining is not None and remaining <= 0:
-            self._nack(ack, rid, pb.NACK_REASON_DEADLINE_EXPIRED, f"expired {-remaining * 1000:.1f} ms ago")
-            return None
-        if self.draining:
-            self._nack(ack, rid, pb.NACK_REASON_DRAINING, "gateway is draining")
-            return None
-        return priority, remaining
+        state_of = self.dedupe.state
+        models = self._policy.policy.config.models
+        max_parameters = self._config.limits.max_parameters
+        draining = self.draining
+        add_request, add_priority = screened.requests.append, screened.priorities.append
+        add_remaining, add_sizes = screened.remaining.append, screened.sizes.append
+        for index, request in enumerate(requests):
+            rid = request.request_id
+            model = request.model_name
+            priority = wire_priority(request.priority or frame_priority)
+            key = (model, priority)
+            seen[key] = seen.get(key, 0) + 1
+            if not is_valid_id(rid):
+                self._nack(ack, rid, pb.NACK_REASON_INVALID_REQUEST, "request_id is not a 16-byte UUIDv7")
+                continue
+            state = state_of(rid, now)
+            if state is not None:
+                self._duplicate(frame, request, state, ack)
+                continue
+            if model not in models:
+                self._nack(ack, rid, pb.NACK_REASON_UNKNOWN_MODEL, f"model {model!r}")
+                continue
+            if len(request.parameters) > max_parameters:
+                self._nack(ack, rid, pb.NACK_REASON_INVALID_REQUEST, "too many parameters")
+                continue
+            deadline_us = request.deadline_unix_us or frame_deadline_us
+            remaining = (deadline_us - wall_us) / 1e6 if deadline_us else None
+            if remaining is not None and remaining <= 0:
+                detail = f"expired {-remaining * 1000:.1f} ms ago"
+                self._nack(ack, rid, pb.NACK_REASON_DEADLINE_EXPIRED, detail)
+                continue
+            if draining:
+                self._nack(ack, rid, pb.NACK_REASON_DRAINING, "gateway is draining")
+                continue
+            add_request(request)
+            add_priority(priority)
+            add_remaining(remaining)
+            add_sizes(sizes_of(request))
+            kept.append(index)
+        return screened, kept
+
+    def _duplicate(self, frame: _Frame, request: pb.InferRequest, state: RequestState, ack: pb.Ack) -> None:
+        """A resend or a re-ask (the agent lost the carrier its answer was to come on): never run twice. A
+        request still running is answered when done on the carrier this frame came on; one answered already
+        gets its answer again there, from the cache."""
+        rid = request.request_id
+        ack.duplicate_ids.append(rid)
+        self._metrics.child(self._metrics.duplicates, frame.carrier.name).inc()
+        if state is RequestState.DONE:
+            self._redeliver(frame, request)
+        else:
+            self._ask_on(frame, rid, again=True)
 
     def _count_decision(self, decision: Decision) -> None:
         self._metrics.child(
