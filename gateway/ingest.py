@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -89,6 +89,31 @@ class _Frame:
     envelope: pb.Envelope
     agent_id: str
     region: str
+
+
+class _LiveSignals(Mapping[str, PoolSignals]):
+    """Every pool's signals at one moment, each read when routing first asks for it: a lone request's
+    decision reads only the pools its plan names. Routing is done before anything is queued, so a pool
+    read later in the frame's routing reads what it would have read first."""
+
+    __slots__ = ("_now", "_pools", "_read")
+
+    def __init__(self, pools: Mapping[str, PoolDispatcher], now: float) -> None:
+        self._pools = pools
+        self._now = now
+        self._read: dict[str, PoolSignals] = {}
+
+    def __getitem__(self, name: str) -> PoolSignals:
+        found = self._read.get(name)
+        if found is None:
+            found = self._read[name] = self._pools[name].signals(self._now)
+        return found
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._pools)
+
+    def __len__(self) -> int:
+        return len(self._pools)
 
 
 class Ingest:
@@ -320,7 +345,7 @@ class Ingest:
     ) -> None:
         """Route the screened requests per group (gateway/frames/route.py) and queue each group as one
         slice of its pool's queue; nack what routing or a full queue refuses."""
-        signals = {name: pool.signals(now) for name, pool in self._pools.items()}
+        signals = _LiveSignals(self._pools, now)
         for decision, members in route_frame(self._policy.policy, screened, frame.region, signals):
             self._decisions_made[(decision.tier, decision.pool, decision.reason)] += len(members)
             if decision.rejected or decision.pool is None:

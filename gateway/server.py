@@ -511,8 +511,9 @@ class Gateway:
         return True
 
     def _observe_latency(self, item: WorkItem, service_s: float) -> None:
-        if item.decision.pool is not None and item.decision.pool in self.policy.policy.pool_names:
-            self.policy.policy.observe(item.model, item.decision, service_s)
+        policy, pool = self.policy.policy, item.decision.pool
+        if pool is not None and policy.routes_to(pool):
+            policy.observe(item.model, item.decision, service_s)
 
     def _admin_token(self) -> str | None:
         try:

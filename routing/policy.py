@@ -50,13 +50,14 @@ class TierPolicy:
     what it learned.
     """
 
-    __slots__ = ("_estimator", "_plans", "_pools", "_slack", "calibrator", "config")
+    __slots__ = ("_estimator", "_names", "_plans", "_pools", "_slack", "calibrator", "config")
 
     def __init__(self, config: RoutingConfig, calibrator: LatencyCalibrator | None = None) -> None:
         self.config = config
         self.calibrator = calibrator or LatencyCalibrator(config.calibration.alpha)
         self._estimator = ComplexityEstimator(config.cost, config.calibration, self.calibrator)
         self._pools = {p.name: PoolSpec.of(p) for p in config.pools}
+        self._names = tuple(self._pools)
         self._slack = config.deadline_slack_s
         self._plans: dict[_PlanKey, RoutePlan] = {}
 
@@ -68,7 +69,7 @@ class TierPolicy:
     @property
     def pool_names(self) -> tuple[str, ...]:
         """Configured pools in config order."""
-        return tuple(self._pools)
+        return self._names
 
     def _plan(self, profile: RequestProfile) -> RoutePlan:
         model_cfg = self.config.models.get(profile.model)
@@ -230,6 +231,11 @@ class TierPolicy:
         spec = self._pools[pool]
         score, bucket = self._estimator.score(profile, self._plan(profile).cost_factor)
         return pool_latency(spec, signals, self._estimator.service_time(profile, score, bucket))
+
+    def routes_to(self, pool: str) -> bool:
+        """Whether ``pool`` is one of this policy's pools (a decision of an older policy may name one
+        that a reload removed)."""
+        return pool in self._pools
 
     def observe(self, model: str, decision: Decision, latency_s: float) -> None:
         """Feed back the service time (queue wait excluded) the decision's pool took for ``model``.
