@@ -277,7 +277,8 @@ class CarrierIngress:
         try:
             return send_to_peer(sock, routing_id, frames)
         finally:
-            self._schedule_read()
+            if self._reader is not None:
+                self._reader.after_send()
 
     async def _monitor(self, monitor: zmq.asyncio.Socket) -> None:
         try:

@@ -59,6 +59,19 @@ class EdgeReader:
             self._scheduled = True
             self._loop.call_soon(self._read)
 
+    def after_send(self) -> None:
+        """A send on the socket may have taken its FD's edge: drain this tick if a message waits. Asking
+        ZMQ_EVENTS costs less than a drain scheduled to find nothing (most sends), and after it a message
+        that arrives later raises an edge of its own."""
+        if self._scheduled or not self.reading:
+            return
+        try:
+            waiting = bool(cast(int, self._sock.getsockopt(EVENTS)) & POLLIN)
+        except zmq.ZMQError:
+            waiting = True  # the drain meets the error and says so
+        if waiting:
+            self.schedule()
+
     def _read(self) -> None:
         self._scheduled = False
         if not self.reading:

@@ -171,7 +171,7 @@ class ShardLink:
             return SendResult.FULL
         finally:
             if self._reader is not None:
-                self._reader.schedule()
+                self._reader.after_send()
         return SendResult.SENT
 
     def send_status(self, status: Mapping[str, Any]) -> None:
