@@ -353,7 +353,7 @@ class Ingest:
                 for index in members:
                     self._nack(ack, screened.requests[index].request_id, nack, decision.reason)
                 continue
-            items = [self._item(frame, screened, index, now, decision, spans) for index in members]
+            items = self._items(frame, screened, members, now, decision, spans)
             pool = self._pools[decision.pool]
             if pool.submit_many(items, now):
                 self._accepted(frame, items, ack)
@@ -367,28 +367,41 @@ class Ingest:
                     f"pool {decision.pool} queue full",
                 )
 
-    def _item(
+    def _items(
         self,
         frame: _Frame,
         screened: Screened,
-        index: int,
+        members: list[int],
         now: float,
         decision: Decision,
         spans: list[memoryview] | None,
-    ) -> WorkItem:
-        remaining = screened.remaining[index]
-        return WorkItem(
-            screened.requests[index],
-            frame.agent_id,
-            frame.region,
-            frame.carrier.name,
-            screened.priorities[index],
-            now,
-            None if remaining is None else now + remaining,
-            decision,
-            screened.sizes[index][4],
-            raw=None if spans is None else spans[index],
+    ) -> list[WorkItem]:
+        """The work items of the screened requests at ``members``, in frame order, routed by ``decision``."""
+        agent, region, carrier = frame.agent_id, frame.region, frame.carrier.name
+        requests, priorities, remaining, sizes = (
+            screened.requests,
+            screened.priorities,
+            screened.remaining,
+            screened.sizes,
         )
+        items = []
+        for index in members:
+            left = remaining[index]
+            items.append(
+                WorkItem(
+                    requests[index],
+                    agent,
+                    region,
+                    carrier,
+                    priorities[index],
+                    now,
+                    None if left is None else now + left,
+                    decision,
+                    sizes[index][4],
+                    None if spans is None else spans[index],
+                )
+            )
+        return items
 
     def _accepted(self, frame: _Frame, items: list[WorkItem], ack: pb.Ack) -> None:
         """The gateway owns these requests now: in the dedupe window, their carrier noted (as
