@@ -16,16 +16,17 @@ id, no vocabulary to ship, collisions spread evenly).
 
 from __future__ import annotations
 
-import itertools
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Protocol, cast
 
 import numpy as np
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from edgewire import pb
 from edgewire.pb.edgeinfer.v1.views_pb2 import RankingDenseView
+from edgewire.scan import Buffer
 from inference.backends.base import ModelSpec
 from inference.pipeline.base import Prepared
 from inference.pipeline.tensor import InvalidInput, batch_slices, output_prefix, tensor_from_array, wire_data
@@ -332,6 +333,136 @@ def tag_bucket(tag: str, buckets: int) -> int:
     return zlib.crc32(tag.encode()) % buckets
 
 
+TAG_CACHE_SIZE: Final = 4096
+"""Tags remembered per bucket count (categorical: a few hundred distinct values); past it, forgotten."""
+
+
+class TagBuckets(dict[str | bytes, int]):
+    """Each tag's :func:`tag_bucket`, by the tag or its UTF-8 bytes, for one bucket count: a tag seen
+    before costs a dict look-up (``map(buckets.__getitem__, tags)`` stays in C), a new one its CRC-32.
+    Bounded: cleared when full."""
+
+    def __init__(self, buckets: int) -> None:
+        super().__init__()
+        self.buckets = buckets
+
+    def __missing__(self, tag: str | bytes) -> int:
+        if len(self) >= TAG_CACHE_SIZE:
+            self.clear()
+        bucket = self[tag] = zlib.crc32(tag.encode() if isinstance(tag, str) else tag) % self.buckets
+        return bucket
+
+
+_TAG_BUCKETS: dict[int, TagBuckets] = {}
+
+
+def tag_buckets(buckets: int) -> TagBuckets:
+    """The shared :class:`TagBuckets` of a bucket count."""
+    known = _TAG_BUCKETS.get(buckets)
+    if known is None:
+        if len(_TAG_BUCKETS) >= 64:  # bounded: a few models
+            _TAG_BUCKETS.clear()
+        known = _TAG_BUCKETS[buckets] = TagBuckets(buckets)
+    return known
+
+
+class RankingColumns(Protocol):
+    """Some ranking requests' features read as one message (see :func:`ranking_columns`): the repeated
+    fields of every request, one request after another."""
+
+    @property
+    def candidate_item_ids(self) -> Sequence[int]: ...
+
+    @property
+    def candidate_dense(self) -> Sequence[bytes]: ...  # each packed record of the field, as it came
+
+    @property
+    def user_dense(self) -> Sequence[bytes]: ...
+
+    @property
+    def categorical_tags(self) -> Sequence[bytes]: ...  # UTF-8, as on the wire
+
+
+def _column_parsers() -> tuple[
+    Callable[[bytes], RankingColumns],
+    Callable[[bytes], RankingColumns],
+    Callable[[Buffer], tuple[bytes, bytes]],
+]:
+    """Parsers of concatenated ``RankingFeatures`` encodings, and of concatenated ``InferRequest``
+    encodings, as one :class:`RankingColumns` each; and of one ``InferRequest`` encoding's last
+    ``candidate_dense`` and ``user_dense`` records (as RankingDenseView reads a ``RankingFeatures``).
+
+    Protobuf reads concatenated encodings as one message: repeated fields append, singular messages merge.
+    Declared ``repeated bytes``, each packed float field record is one item (its little-endian float32
+    values, no conversion), each tag its UTF-8; declared as a singular message, the requests' ``ranking``
+    fields merge into one. Built here (a private pool) rather than in proto/: nothing else reads it.
+    """
+    kinds = descriptor_pb2.FieldDescriptorProto
+    file = descriptor_pb2.FileDescriptorProto(
+        name="inference/pipeline/ranking_columns.proto", package="hkgw.ranking", syntax="proto3"
+    )
+    columns = file.message_type.add(name="RankingColumns")  # field numbers as in RankingFeatures
+    repeated = kinds.LABEL_REPEATED
+    columns.field.add(name="candidate_item_ids", number=3, type=kinds.TYPE_UINT64, label=repeated)
+    columns.field.add(name="candidate_dense", number=4, type=kinds.TYPE_BYTES, label=repeated)
+    columns.field.add(name="user_dense", number=6, type=kinds.TYPE_BYTES, label=repeated)
+    columns.field.add(name="categorical_tags", number=7, type=kinds.TYPE_BYTES, label=repeated)
+    requests = file.message_type.add(name="RequestColumns")  # InferRequest.ranking
+    requests.field.add(
+        name="ranking",
+        number=9,
+        type=kinds.TYPE_MESSAGE,
+        label=kinds.LABEL_OPTIONAL,
+        type_name=".hkgw.ranking.RankingColumns",
+    )
+    dense = file.message_type.add(name="RankingDense")  # views.proto's RankingDenseView
+    dense.field.add(name="candidate_dense", number=4, type=kinds.TYPE_BYTES, label=kinds.LABEL_OPTIONAL)
+    dense.field.add(name="user_dense", number=6, type=kinds.TYPE_BYTES, label=kinds.LABEL_OPTIONAL)
+    request_dense = file.message_type.add(name="RequestDense")
+    request_dense.field.add(
+        name="ranking",
+        number=9,
+        type=kinds.TYPE_MESSAGE,
+        label=kinds.LABEL_OPTIONAL,
+        type_name=".hkgw.ranking.RankingDense",
+    )
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    of_rankings = message_factory.GetMessageClass(pool.FindMessageTypeByName("hkgw.ranking.RankingColumns"))
+    of_requests = message_factory.GetMessageClass(pool.FindMessageTypeByName("hkgw.ranking.RequestColumns"))
+    parse_requests = of_requests.FromString
+    parse_dense = message_factory.GetMessageClass(
+        pool.FindMessageTypeByName("hkgw.ranking.RequestDense")
+    ).FromString
+
+    # Message classes made at run time: their fields are unknown to mypy.
+    def from_requests(data: bytes) -> RankingColumns:
+        return cast(RankingColumns, parse_requests(data).ranking)  # type: ignore[attr-defined]
+
+    def dense_of_request(data: Buffer) -> tuple[bytes, bytes]:
+        # upb parses any buffer without a copy (a frame's views included); the stubs only admit bytes.
+        view = parse_dense(cast(bytes, data)).ranking  # type: ignore[attr-defined]
+        return bytes(view.candidate_dense), bytes(view.user_dense)
+
+    return cast(Callable[[bytes], RankingColumns], of_rankings.FromString), from_requests, dense_of_request
+
+
+rankings_as_columns, requests_as_columns, request_dense = _column_parsers()
+
+
+def ranking_columns(
+    rankings: Sequence[pb.RankingFeatures], payloads: Sequence[Buffer] | None, candidates: int
+) -> RankingColumns:
+    """The requests' :class:`RankingColumns`: from their own encodings (``payloads``, the
+    ``InferRequest`` bytes they were parsed from) when given and they hold all the ``candidates``, else
+    from the ``rankings`` serialized."""
+    if payloads is not None:
+        columns = requests_as_columns(b"".join(payloads))
+        if len(columns.candidate_item_ids) == candidates:
+            return columns
+    return rankings_as_columns(b"".join([r.SerializeToString() for r in rankings]))
+
+
 class RankingPipeline:
     """Candidate rows in, top-k ``item_ids`` (UINT64 [k]) and ``scores`` (FP32 [k]) out per request."""
 
@@ -339,12 +470,21 @@ class RankingPipeline:
 
     def prepare(self, requests: Sequence[pb.InferRequest], spec: ModelSpec) -> Prepared:
         """Build the batch's feature matrix: candidate blocks, user and tag rows repeated per candidate."""
+        return self.prepare_views(requests, None, spec)
+
+    def prepare_views(
+        self, requests: Sequence[pb.InferRequest], payloads: Sequence[Buffer] | None, spec: ModelSpec
+    ) -> Prepared:
+        """:meth:`prepare`, the features read from ``payloads[i]``, the encoding of ``requests[i]``, instead
+        of serializing them again (None, or a count that differs: serialized)."""
         layout = RankingLayout.of(spec)
+        if payloads is not None and len(payloads) != len(requests):
+            payloads = None
         if len(requests) == 1:  # a lone (realtime) request: no joining, counting or repeating
-            alone = prepare_alone(requests[0], layout)
+            alone = prepare_alone(requests[0], layout, None if payloads is None else payloads[0])
             if alone is not None:
                 return alone
-        return prepare_batch(requests, layout)
+        return prepare_batch(requests, layout, payloads)
 
     def finish(self, prepared: Prepared, outputs: Mapping[str, np.ndarray]) -> list[list[pb.Tensor]]:
         """Per kept request, its candidates ordered by score, best first, cut to ``top_k`` (0 = all); the
@@ -400,74 +540,70 @@ def ranked(prepared: Prepared, outputs: Mapping[str, np.ndarray]) -> tuple[np.nd
     return ids[chosen], scores[chosen], lengths.tolist()
 
 
-def prepare_batch(requests: Sequence[pb.InferRequest], layout: RankingLayout) -> Prepared:
-    """:meth:`RankingPipeline.prepare` for any batch: the requests' dense features read in one call per
-    field, the rejected ones dropped, every row built and normalised in a few whole-array operations."""
-    # Packed little-endian float32 bytes (or, for a field that was not packed, the values), per kept
-    # request: joined and read by numpy once per batch, not once per request.
-    candidates: list[bytes | np.ndarray] = []
-    users: list[bytes | np.ndarray] = []
+def prepare_batch(
+    requests: Sequence[pb.InferRequest], layout: RankingLayout, payloads: Sequence[Buffer] | None = None
+) -> Prepared:
+    """:meth:`RankingPipeline.prepare` for any batch: the rejected requests dropped, the others' repeated
+    fields read as one message (:func:`ranking_columns`; ``payloads``: the requests' own encodings, read
+    there instead of serializing them again), every row built and normalised in a few whole-array
+    operations."""
+    c, u, buckets, most = layout.candidate_width, layout.user_width, layout.tag_buckets, layout.max_rows
+    rankings: list[pb.RankingFeatures] = []
     counts: list[int] = []
     kept: list[int] = []
     rejected: dict[int, tuple[str, str]] = {}
     for index, request in enumerate(requests):
         r = request.ranking
-        problem = _feature_problem(r, layout)
-        if problem:
-            rejected[index] = (InvalidInput.BAD_FEATURES, problem)
-            continue
         n = len(r.candidate_item_ids)
-        if n > layout.max_rows:
-            rejected[index] = (
-                InvalidInput.TOO_LARGE,
-                f"{n} candidates, the model takes {layout.max_rows}",
-            )
-            continue
-        candidate_dense, user_dense = dense_parts(r)
-        candidates.append(candidate_dense)
-        users.append(user_dense)
+        if not (
+            0 < n <= most
+            and r.candidate_feature_width == c
+            and len(r.candidate_dense) == n * c
+            and len(r.user_dense) == u
+        ):
+            problem = _feature_problem(r, layout)
+            if problem:
+                rejected[index] = (InvalidInput.BAD_FEATURES, problem)
+                continue
+            if n > most:
+                rejected[index] = (InvalidInput.TOO_LARGE, f"{n} candidates, the model takes {most}")
+                continue
+        rankings.append(r)
         counts.append(n)
         kept.append(index)
-    c, u, buckets = layout.candidate_width, layout.user_width, layout.tag_buckets
-    candidate_block = packed_floats32(candidates).reshape(-1, c)
-    user_block = packed_floats32(users).reshape(-1, u)
+    rows = sum(counts)
+    columns = ranking_columns(rankings, None if payloads is None else [payloads[i] for i in kept], rows)
+    candidate_block, user_block = _dense_blocks(columns, rankings, rows, layout)
+    flat = np.fromiter(columns.candidate_item_ids, dtype=np.uint64, count=rows)
+    tag_block = _tag_counts(columns, rankings, buckets)
     if kept:
-        candidate_block, user_block, kept, counts = _drop_non_finite(
-            candidate_block, user_block, kept, counts, rejected
-        )
-    rows = int(sum(counts))
+        good = _finite_requests(candidate_block, user_block, kept, counts, rejected)
+        if good is not None:  # some hold NaN or infinity: dropped from every column
+            by_row = np.repeat(good, counts)
+            candidate_block, user_block, flat = candidate_block[by_row], user_block[good], flat[by_row]
+            tag_block = tag_block[good]
+            chosen = good.tolist()
+            kept = [index for index, keep in zip(kept, chosen, strict=True) if keep]
+            counts = [count for count, keep in zip(counts, chosen, strict=True) if keep]
+            rankings = [r for r, keep in zip(rankings, chosen, strict=True) if keep]
+            rows = sum(counts)
     features = np.empty((rows, layout.width), dtype=np.float32)
     inputs = {layout.input_name: features}
     if kept:
-        # The kept request's number and each tag's bucket: one bincount counts them all.
-        tags = [
-            number * buckets + tag_bucket(t, buckets)
-            for number, index in enumerate(kept)
-            for t in requests[index].ranking.categorical_tags
-        ]
-        tag_block = np.bincount(np.asarray(tags, dtype=np.intp), minlength=len(kept) * buckets)
         # What every candidate row of a request repeats: its user features, then its tag counts.
         shared = np.empty((len(kept), u + buckets), dtype=np.float32)
         shared[:, :u] = user_block
-        shared[:, u:] = tag_block.reshape(len(kept), buckets)
+        shared[:, u:] = tag_block
         features[:, :c] = candidate_block
         features[:, c:] = np.repeat(shared, counts, axis=0)
         if layout.row_norm is not None:
             layout.row_norm.apply(features)
-    flat = np.fromiter(
-        itertools.chain.from_iterable(requests[i].ranking.candidate_item_ids for i in kept),
-        dtype=np.uint64,
-        count=rows,
-    )
     if layout.item_input:
         inputs[layout.item_input] = item_rows(flat, layout.item_table_rows).reshape(rows, 1)
     return Prepared(
         inputs=inputs,
         # finish orders these by score: it needs neither the requests nor their bytes again
-        extras={
-            ITEM_IDS: flat,
-            TOP_K: np.asarray([requests[i].ranking.top_k for i in kept], dtype=np.int64),
-        },
+        extras={ITEM_IDS: flat, TOP_K: np.asarray([r.top_k for r in rankings], dtype=np.int64)},
         kept=kept,
         rows=batch_slices(counts),
         rejected=rejected,
@@ -476,24 +612,32 @@ def prepare_batch(requests: Sequence[pb.InferRequest], layout: RankingLayout) ->
     )
 
 
-def prepare_alone(request: pb.InferRequest, layout: RankingLayout) -> Prepared | None:
+def prepare_alone(
+    request: pb.InferRequest, layout: RankingLayout, payload: Buffer | None = None
+) -> Prepared | None:
     """:func:`prepare_batch` of a batch of this one request, bit for bit, in about half the numpy calls
     (its user features and tag counts broadcast to its rows, nothing joined or counted by numpy); None for
-    a request that the batch would drop (it says why)."""
+    a request that the batch would drop (it says why). ``payload``: the request's own encoding."""
     r = request.ranking
     n = len(r.candidate_item_ids)
-    if n > layout.max_rows or _feature_problem(r, layout):
-        return None
-    candidate_dense, user_dense = dense_parts(r)
     c, u, buckets = layout.candidate_width, layout.user_width, layout.tag_buckets
+    if not (
+        0 < n <= layout.max_rows
+        and r.candidate_feature_width == c
+        and len(r.candidate_dense) == n * c
+        and len(r.user_dense) == u
+    ):
+        return None
+    candidate_dense, user_dense = dense_parts(r, payload)
     features = np.empty((n, layout.width), dtype=np.float32)
     features[:, :c] = _floats32(candidate_dense).reshape(n, c)
     features[:, c : c + u] = _floats32(user_dense)
     tags = r.categorical_tags
     if tags:
         counts = [0] * buckets
+        known = tag_buckets(buckets)
         for tag in tags:
-            counts[zlib.crc32(tag.encode()) % buckets] += 1
+            counts[known[tag]] += 1
         features[:, c + u :] = counts
     else:
         features[:, c + u :] = 0
@@ -515,17 +659,66 @@ def prepare_alone(request: pb.InferRequest, layout: RankingLayout) -> Prepared |
     )
 
 
-def dense_parts(r: pb.RankingFeatures) -> tuple[bytes | np.ndarray, bytes | np.ndarray]:
+def _dense_blocks(
+    columns: RankingColumns, rankings: Sequence[pb.RankingFeatures], rows: int, layout: RankingLayout
+) -> tuple[np.ndarray, np.ndarray]:
+    """The requests' candidate features (``rows`` x width) and user features (one row each), float32.
+
+    Their packed records joined, when those hold every value (the encoding as the serializer writes it:
+    one packed record per field); else (values written unpacked, which the columns do not see) each
+    request's read by :func:`dense_parts`."""
+    c, u = layout.candidate_width, layout.user_width
+    candidate = b"".join(columns.candidate_dense)
+    user = b"".join(columns.user_dense)
+    if len(candidate) != 4 * c * rows or len(user) != 4 * u * len(rankings):
+        parts = [dense_parts(r) for r in rankings]
+        return (
+            packed_floats32([p[0] for p in parts]).reshape(-1, c),
+            packed_floats32([p[1] for p in parts]).reshape(-1, u),
+        )
+    return (
+        np.frombuffer(candidate, dtype=_FLOAT32_LE).astype(np.float32, copy=False).reshape(-1, c),
+        np.frombuffer(user, dtype=_FLOAT32_LE).astype(np.float32, copy=False).reshape(-1, u),
+    )
+
+
+def _tag_counts(columns: RankingColumns, rankings: Sequence[pb.RankingFeatures], buckets: int) -> np.ndarray:
+    """How many of each request's tags fall in each bucket: (requests, buckets), int64. One bincount of
+    (request number x buckets + the tag's bucket) over every tag; the buckets looked up by the tags'
+    bytes (:class:`TagBuckets`)."""
+    per_request = [len(r.categorical_tags) for r in rankings]
+    tags = columns.categorical_tags
+    total = sum(per_request)
+    if len(tags) != total:  # not the requests' tags (never, for their own encodings): theirs, read one by one
+        tags = [t.encode() for r in rankings for t in r.categorical_tags]
+    bucket = np.fromiter(map(tag_buckets(buckets).__getitem__, tags), dtype=np.intp, count=total)
+    bucket += np.repeat(np.arange(0, len(rankings) * buckets, buckets, dtype=np.intp), per_request)
+    counts: np.ndarray = np.bincount(bucket, minlength=len(rankings) * buckets).reshape(
+        len(rankings), buckets
+    )
+    return counts
+
+
+def dense_parts(
+    r: pb.RankingFeatures, payload: Buffer | None = None
+) -> tuple[bytes | np.ndarray, bytes | np.ndarray]:
     """``candidate_dense`` and ``user_dense`` as packed little-endian float32 bytes, for numpy to read a
     whole batch of in one call (:func:`packed_floats32`).
 
-    Read from the packed bytes of the message's serialization (proto/edgeinfer/v1/views.proto): the
-    serializer writes each field as one packed record, which numpy takes in one call, about ten times
-    faster than converting the repeated field value by value. A length that does not match (a field
-    declared unpacked one day) falls back to the value-by-value read.
+    Read from the packed bytes of the message's serialization (proto/edgeinfer/v1/views.proto), or of
+    ``payload``, the encoding of the ``InferRequest`` it came in: the serializer writes each field as one
+    packed record, which numpy takes in one call, about ten times faster than converting the repeated
+    field value by value. A payload whose last records do not hold every value (written unpacked, or in
+    several records) is not read; a serialization whose do not (a field declared unpacked one day) falls
+    back to the value-by-value read.
     """
+    candidate_values, user_values = r.candidate_dense, r.user_dense
+    if payload is not None:
+        candidate, user = request_dense(payload)
+        if len(candidate) == 4 * len(candidate_values) and len(user) == 4 * len(user_values):
+            return candidate, user
     view = RankingDenseView.FromString(r.SerializeToString())
-    return _packed(view.candidate_dense, r.candidate_dense), _packed(view.user_dense, r.user_dense)
+    return _packed(view.candidate_dense, candidate_values), _packed(view.user_dense, user_values)
 
 
 def _packed(packed: bytes, values: Sequence[float]) -> bytes | np.ndarray:
@@ -581,36 +774,31 @@ def top_k_order(scores: np.ndarray, k: int) -> np.ndarray:
     return order[:k] if 0 < k < len(order) else order
 
 
-def _drop_non_finite(
+def _finite_requests(
     candidate_block: np.ndarray,
     user_block: np.ndarray,
     kept: list[int],
     counts: list[int],
     rejected: dict[int, tuple[str, str]],
-) -> tuple[np.ndarray, np.ndarray, list[int], list[int]]:
-    """The blocks, kept requests and counts without the requests whose dense features hold a NaN or an
-    infinity (those go to ``rejected`` as ``bad_features``): a model scores them as garbage, and the
-    normalisation would compute with them. One pass over each block; the rest only when one is found."""
+) -> np.ndarray | None:
+    """None when every request's dense features are finite; else which requests' are (a bool per kept
+    request), those holding a NaN or an infinity put in ``rejected`` as ``bad_features``: a model scores
+    them as garbage, and the normalisation would compute with them. One pass over each block; the rest
+    only when one is found."""
     if np.isfinite(candidate_block).all() and np.isfinite(user_block).all():
-        return candidate_block, user_block, kept, counts  # the usual case: two flat passes, no per row
+        return None  # the usual case: two flat passes, no per row
     finite_rows = np.isfinite(candidate_block).all(axis=1)
     finite_users = np.isfinite(user_block).all(axis=1)
     sizes = np.asarray(counts, dtype=np.int64)
     finite_candidates = np.logical_and.reduceat(finite_rows, np.cumsum(sizes) - sizes)
-    good = finite_candidates & finite_users
+    good: np.ndarray = finite_candidates & finite_users
     for number in np.flatnonzero(~good).tolist():
         field = "candidate_dense" if not finite_candidates[number] else "user_dense"
         rejected[kept[number]] = (
             InvalidInput.BAD_FEATURES,
             f"{field} holds NaN or infinity; every feature value must be finite",
         )
-    chosen = good.tolist()
-    return (
-        candidate_block[np.repeat(good, sizes)],
-        user_block[good],
-        [index for index, keep in zip(kept, chosen, strict=True) if keep],
-        [count for count, keep in zip(counts, chosen, strict=True) if keep],
-    )
+    return good
 
 
 def _feature_problem(r: pb.RankingFeatures, layout: RankingLayout) -> str:
