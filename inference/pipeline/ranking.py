@@ -17,15 +17,19 @@ id, no vocabulary to ship, collisions spread evenly).
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Protocol, cast
+from typing import Final, cast
 
 import numpy as np
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from edgewire import pb
-from edgewire.pb.edgeinfer.v1.views_pb2 import RankingDenseView
+from edgewire.pb.edgeinfer.v1.views_pb2 import (
+    RankingColumns,
+    RankingDenseView,
+    RequestRankingColumns,
+    RequestRankingDenseView,
+)
 from edgewire.scan import Buffer
 from inference.backends.base import ModelSpec
 from inference.pipeline.base import Prepared
@@ -366,88 +370,22 @@ def tag_buckets(buckets: int) -> TagBuckets:
     return known
 
 
-class RankingColumns(Protocol):
-    """Some ranking requests' features read as one message (see :func:`ranking_columns`): the repeated
-    fields of every request, one request after another."""
-
-    @property
-    def candidate_item_ids(self) -> Sequence[int]: ...
-
-    @property
-    def candidate_dense(self) -> Sequence[bytes]: ...  # each packed record of the field, as it came
-
-    @property
-    def user_dense(self) -> Sequence[bytes]: ...
-
-    @property
-    def categorical_tags(self) -> Sequence[bytes]: ...  # UTF-8, as on the wire
+def rankings_as_columns(data: bytes) -> RankingColumns:
+    """Concatenated ``RankingFeatures`` encodings as one :class:`RankingColumns` (views.proto)."""
+    return RankingColumns.FromString(data)
 
 
-def _column_parsers() -> tuple[
-    Callable[[bytes], RankingColumns],
-    Callable[[bytes], RankingColumns],
-    Callable[[Buffer], tuple[bytes, bytes]],
-]:
-    """Parsers of concatenated ``RankingFeatures`` encodings, and of concatenated ``InferRequest``
-    encodings, as one :class:`RankingColumns` each; and of one ``InferRequest`` encoding's last
-    ``candidate_dense`` and ``user_dense`` records (as RankingDenseView reads a ``RankingFeatures``).
-
-    Protobuf reads concatenated encodings as one message: repeated fields append, singular messages merge.
-    Declared ``repeated bytes``, each packed float field record is one item (its little-endian float32
-    values, no conversion), each tag its UTF-8; declared as a singular message, the requests' ``ranking``
-    fields merge into one. Built here (a private pool) rather than in proto/: nothing else reads it.
-    """
-    kinds = descriptor_pb2.FieldDescriptorProto
-    file = descriptor_pb2.FileDescriptorProto(
-        name="inference/pipeline/ranking_columns.proto", package="hkgw.ranking", syntax="proto3"
-    )
-    columns = file.message_type.add(name="RankingColumns")  # field numbers as in RankingFeatures
-    repeated = kinds.LABEL_REPEATED
-    columns.field.add(name="candidate_item_ids", number=3, type=kinds.TYPE_UINT64, label=repeated)
-    columns.field.add(name="candidate_dense", number=4, type=kinds.TYPE_BYTES, label=repeated)
-    columns.field.add(name="user_dense", number=6, type=kinds.TYPE_BYTES, label=repeated)
-    columns.field.add(name="categorical_tags", number=7, type=kinds.TYPE_BYTES, label=repeated)
-    requests = file.message_type.add(name="RequestColumns")  # InferRequest.ranking
-    requests.field.add(
-        name="ranking",
-        number=9,
-        type=kinds.TYPE_MESSAGE,
-        label=kinds.LABEL_OPTIONAL,
-        type_name=".hkgw.ranking.RankingColumns",
-    )
-    dense = file.message_type.add(name="RankingDense")  # views.proto's RankingDenseView
-    dense.field.add(name="candidate_dense", number=4, type=kinds.TYPE_BYTES, label=kinds.LABEL_OPTIONAL)
-    dense.field.add(name="user_dense", number=6, type=kinds.TYPE_BYTES, label=kinds.LABEL_OPTIONAL)
-    request_dense = file.message_type.add(name="RequestDense")
-    request_dense.field.add(
-        name="ranking",
-        number=9,
-        type=kinds.TYPE_MESSAGE,
-        label=kinds.LABEL_OPTIONAL,
-        type_name=".hkgw.ranking.RankingDense",
-    )
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(file)
-    of_rankings = message_factory.GetMessageClass(pool.FindMessageTypeByName("hkgw.ranking.RankingColumns"))
-    of_requests = message_factory.GetMessageClass(pool.FindMessageTypeByName("hkgw.ranking.RequestColumns"))
-    parse_requests = of_requests.FromString
-    parse_dense = message_factory.GetMessageClass(
-        pool.FindMessageTypeByName("hkgw.ranking.RequestDense")
-    ).FromString
-
-    # Message classes made at run time: their fields are unknown to mypy.
-    def from_requests(data: bytes) -> RankingColumns:
-        return cast(RankingColumns, parse_requests(data).ranking)  # type: ignore[attr-defined]
-
-    def dense_of_request(data: Buffer) -> tuple[bytes, bytes]:
-        # upb parses any buffer without a copy (a frame's views included); the stubs only admit bytes.
-        view = parse_dense(cast(bytes, data)).ranking  # type: ignore[attr-defined]
-        return bytes(view.candidate_dense), bytes(view.user_dense)
-
-    return cast(Callable[[bytes], RankingColumns], of_rankings.FromString), from_requests, dense_of_request
+def requests_as_columns(data: bytes) -> RankingColumns:
+    """Concatenated ``InferRequest`` encodings' ranking fields as one :class:`RankingColumns`."""
+    return RequestRankingColumns.FromString(data).ranking
 
 
-rankings_as_columns, requests_as_columns, request_dense = _column_parsers()
+def request_dense(data: Buffer) -> tuple[bytes, bytes]:
+    """One ``InferRequest`` encoding's last ``candidate_dense`` and ``user_dense`` records, as
+    RankingDenseView reads a ``RankingFeatures``."""
+    # upb parses any buffer without a copy (a frame's views included); the stubs only admit bytes.
+    view = RequestRankingDenseView.FromString(cast(bytes, data)).ranking
+    return bytes(view.candidate_dense), bytes(view.user_dense)
 
 
 def ranking_columns(
@@ -687,7 +625,7 @@ def _tag_counts(columns: RankingColumns, rankings: Sequence[pb.RankingFeatures],
     (request number x buckets + the tag's bucket) over every tag; the buckets looked up by the tags'
     bytes (:class:`TagBuckets`)."""
     per_request = [len(r.categorical_tags) for r in rankings]
-    tags = columns.categorical_tags
+    tags: Sequence[bytes] = columns.categorical_tags
     total = sum(per_request)
     if len(tags) != total:  # not the requests' tags (never, for their own encodings): theirs, read one by one
         tags = [t.encode() for r in rankings for t in r.categorical_tags]

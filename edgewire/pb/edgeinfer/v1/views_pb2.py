@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x65\x64geinfer/v1/views.proto\x12\x0c\x65\x64geinfer.v1\"?\n\x10RankingDenseView\x12\x17\n\x0f\x63\x61ndidate_dense\x18\x04 \x01(\x0c\x12\x12\n\nuser_dense\x18\x06 \x01(\x0c\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x65\x64geinfer/v1/views.proto\x12\x0c\x65\x64geinfer.v1\"?\n\x10RankingDenseView\x12\x17\n\x0f\x63\x61ndidate_dense\x18\x04 \x01(\x0c\x12\x12\n\nuser_dense\x18\x06 \x01(\x0c\"s\n\x0eRankingColumns\x12\x1a\n\x12\x63\x61ndidate_item_ids\x18\x03 \x03(\x04\x12\x17\n\x0f\x63\x61ndidate_dense\x18\x04 \x03(\x0c\x12\x12\n\nuser_dense\x18\x06 \x03(\x0c\x12\x18\n\x10\x63\x61tegorical_tags\x18\x07 \x03(\x0c\"F\n\x15RequestRankingColumns\x12-\n\x07ranking\x18\t \x01(\x0b\x32\x1c.edgeinfer.v1.RankingColumns\"J\n\x17RequestRankingDenseView\x12/\n\x07ranking\x18\t \x01(\x0b\x32\x1e.edgeinfer.v1.RankingDenseViewb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,4 +33,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_RANKINGDENSEVIEW']._serialized_start=42
   _globals['_RANKINGDENSEVIEW']._serialized_end=105
+  _globals['_RANKINGCOLUMNS']._serialized_start=107
+  _globals['_RANKINGCOLUMNS']._serialized_end=222
+  _globals['_REQUESTRANKINGCOLUMNS']._serialized_start=224
+  _globals['_REQUESTRANKINGCOLUMNS']._serialized_end=294
+  _globals['_REQUESTRANKINGDENSEVIEW']._serialized_start=296
+  _globals['_REQUESTRANKINGDENSEVIEW']._serialized_end=370
 # @@protoc_insertion_point(module_scope)

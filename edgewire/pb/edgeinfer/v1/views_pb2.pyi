@@ -3,8 +3,10 @@
 isort:skip_file
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -48,3 +50,101 @@ class RankingDenseView(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RankingDenseView: _TypeAlias = RankingDenseView  # noqa: Y015
+
+@_typing.final
+class RankingColumns(_message.Message):
+    """The repeated fields of many RankingFeatures, read as one: protobuf parses concatenated encodings as one
+    message (repeated fields append), so the ranking requests of a batch, their encodings joined, parse once
+    into their ids, their packed float records (each record as it came, one item per record) and their tags
+    (UTF-8, unchecked), one request after another.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CANDIDATE_ITEM_IDS_FIELD_NUMBER: _builtins.int
+    CANDIDATE_DENSE_FIELD_NUMBER: _builtins.int
+    USER_DENSE_FIELD_NUMBER: _builtins.int
+    CATEGORICAL_TAGS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def candidate_item_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """RankingFeatures.candidate_item_ids"""
+
+    @_builtins.property
+    def candidate_dense(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """each packed record of RankingFeatures.candidate_dense"""
+
+    @_builtins.property
+    def user_dense(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """each packed record of RankingFeatures.user_dense"""
+
+    @_builtins.property
+    def categorical_tags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """RankingFeatures.categorical_tags"""
+
+    def __init__(
+        self,
+        *,
+        candidate_item_ids: _abc.Iterable[_builtins.int] | None = ...,
+        candidate_dense: _abc.Iterable[_builtins.bytes] | None = ...,
+        user_dense: _abc.Iterable[_builtins.bytes] | None = ...,
+        categorical_tags: _abc.Iterable[_builtins.bytes] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate_dense", b"candidate_dense", "candidate_item_ids", b"candidate_item_ids", "categorical_tags", b"categorical_tags", "user_dense", b"user_dense"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RankingColumns: _TypeAlias = RankingColumns  # noqa: Y015
+
+@_typing.final
+class RequestRankingColumns(_message.Message):
+    """InferRequest encodings joined, read for their ranking fields alone: the requests' `ranking` messages
+    merge into one RankingColumns.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RANKING_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def ranking(self) -> Global___RankingColumns:
+        """InferRequest.ranking"""
+
+    def __init__(
+        self,
+        *,
+        ranking: Global___RankingColumns | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ranking", b"ranking"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ranking", b"ranking"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RequestRankingColumns: _TypeAlias = RequestRankingColumns  # noqa: Y015
+
+@_typing.final
+class RequestRankingDenseView(_message.Message):
+    """One InferRequest encoding read for its ranking's packed dense features (as RankingDenseView reads a
+    RankingFeatures).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RANKING_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def ranking(self) -> Global___RankingDenseView:
+        """InferRequest.ranking"""
+
+    def __init__(
+        self,
+        *,
+        ranking: Global___RankingDenseView | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ranking", b"ranking"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ranking", b"ranking"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RequestRankingDenseView: _TypeAlias = RequestRankingDenseView  # noqa: Y015
