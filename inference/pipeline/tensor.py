@@ -100,22 +100,13 @@ def _model_dtype(name: str) -> tuple[np.dtype[Any], str]:
 
 def tensor_from_array(name: str, array: np.ndarray) -> pb.Tensor:
     """One numpy array as a wire Tensor (an object array holds ``bytes`` / ``str`` elements as BYTES)."""
-    datatype = _DATATYPE_OF_DTYPE.get(array.dtype)
-    if datatype is None:  # e.g. big-endian: the same wire type, converted below
-        try:
-            datatype = DATATYPE_BY_DTYPE[array.dtype.name]
-        except KeyError:
-            raise TypeError(f"tensor {name!r}: dtype {array.dtype} has no wire DataType") from None
-    if datatype == pb.DATA_TYPE_BYTES:
-        raw = encode_bytes([e.encode() if isinstance(e, str) else bytes(e) for e in array.ravel()])
-    else:
-        raw = np.ascontiguousarray(array, dtype=DTYPE_BY_DATATYPE[datatype]).tobytes()
+    datatype, raw = wire_data(name, array)
     return pb.Tensor(name=name, datatype=datatype, shape=array.shape, raw_data=raw)
 
 
 def wire_data(name: str, array: np.ndarray) -> tuple[pb.DataType.ValueType, bytes]:
-    """The wire DataType of ``array`` and its elements as ``raw_data``, as :func:`tensor_from_array` writes
-    them (its tests hold the two equal); a TypeError names the tensor whose dtype has no wire type."""
+    """The wire DataType of ``array`` and its elements as ``raw_data`` (little-endian, C order; BYTES
+    elements length-prefixed); a TypeError names the tensor whose dtype has no wire type."""
     datatype = _DATATYPE_OF_DTYPE.get(array.dtype)
     if datatype is None:  # e.g. big-endian: the same wire type, converted below
         try:

@@ -29,6 +29,7 @@ from inference.pipeline.ranking import (
     packed_floats32,
 )
 from inference.pipeline.tensor import InvalidInput, batch_slices
+from tests.edgewire.test_scan import varint
 from tests.inference.pipeline.specs import demo_spec
 
 DEMO = demo_spec("rank-mlp")
@@ -147,24 +148,12 @@ def reference_prepare(requests: Sequence[pb.InferRequest], layout: RankingLayout
     )
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
 def _key(number: int, wire_type: int) -> bytes:
-    return _varint(number << 3 | wire_type)
+    return varint(number << 3 | wire_type)
 
 
 def _len(number: int, data: bytes) -> bytes:
-    return _key(number, 2) + _varint(len(data)) + data
+    return _key(number, 2) + varint(len(data)) + data
 
 
 def _floats(number: int, values: list[float], encoding: str) -> list[bytes]:
@@ -187,25 +176,25 @@ def encode(r: pb.RankingFeatures, encoding: str) -> bytes:
     merges the two), an empty packed record after the real one."""
     ids = list(r.candidate_item_ids)
     if encoding == "unpacked":
-        id_records = [_key(3, 0) + _varint(i) for i in ids]
+        id_records = [_key(3, 0) + varint(i) for i in ids]
     elif ids:
-        id_records = [_len(3, b"".join(_varint(i) for i in ids))]
+        id_records = [_len(3, b"".join(varint(i) for i in ids))]
     else:
         id_records = []
     records = [
         *id_records,
         *_floats(4, list(r.candidate_dense), encoding),
-        *([_key(5, 0) + _varint(r.candidate_feature_width)] if r.candidate_feature_width else []),
+        *([_key(5, 0) + varint(r.candidate_feature_width)] if r.candidate_feature_width else []),
         *_floats(6, list(r.user_dense), encoding),
         *(_len(7, t.encode()) for t in r.categorical_tags),
-        *([_key(8, 0) + _varint(r.top_k)] if r.top_k else []),
+        *([_key(8, 0) + varint(r.top_k)] if r.top_k else []),
     ]
     if encoding == "two ranking fields":  # every other record in a second ranking field, after other fields
         first, second = b"".join(records[0::2]), b"".join(records[1::2])
         body = _len(9, first) + _len(13, b"tenant") + _len(9, second)
     else:
         body = _len(9, b"".join(records))
-    return _len(1, b"\x01" * 16) + _len(2, b"rank-mlp") + _key(4, 0) + _varint(pb.REQUEST_KIND_RANKING) + body
+    return _len(1, b"\x01" * 16) + _len(2, b"rank-mlp") + _key(4, 0) + varint(pb.REQUEST_KIND_RANKING) + body
 
 
 @st.composite
