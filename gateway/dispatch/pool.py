@@ -38,7 +38,6 @@ from inference.backends.base import (
     InferCall,
     InferResult,
     ModelSpec,
-    fits_one_call,
     infer_within,
 )
 from inference.pipeline.base import Prepared
@@ -204,7 +203,6 @@ class PoolDispatcher:
         self._queue_wait: Histogram | None = None
         self._batch_size: Histogram | None = None
         self._ok_children: tuple[Gauge, Counter, Histogram] | None = None  # breaker_state, calls ok, latency
-        self._padding: dict[str, Histogram] = {}  # model name -> hkgw_padding_waste_ratio child
         # Read when scraped, not set on every request.
         metrics.child(metrics.queue_depth, name).set_function(lambda: self._depth)
         metrics.child(metrics.inflight, name).set_function(lambda: len(self._inflight))
@@ -422,14 +420,11 @@ class PoolDispatcher:
         waited = self._queue_wait
         if waited is None:
             waited = self._queue_wait = self._metrics.child(self._metrics.queue_wait, self.name)
-        if len(items) == 1:
-            waited.observe(now - items[0].enqueued)
-        else:
-            enqueued: dict[float, int] = {}  # a frame's slice was queued at one time: one observation each
-            for item in items:
-                enqueued[item.enqueued] = enqueued.get(item.enqueued, 0) + 1
-            for at, n in enqueued.items():
-                observe_many(waited, now - at, n)
+        enqueued: dict[float, int] = {}  # a frame's slice was queued at one time: one observation per slice
+        for item in items:
+            enqueued[item.enqueued] = enqueued.get(item.enqueued, 0) + 1
+        for at, n in enqueued.items():
+            observe_many(waited, now - at, n)
         return self._unexpired(items, now)
 
     def _unexpired(self, items: list[WorkItem], now: float) -> list[WorkItem]:
@@ -483,15 +478,9 @@ class PoolDispatcher:
         if not self.breaker.allow(now):
             self._fail(items, BackendError("circuit breaker open", retryable=True, status="UNAVAILABLE"))
             return None
-        payloads: list[memoryview] | None
-        if len(items) == 1:
-            requests = [first.request]
-            payloads = None if first.raw is None else [first.raw]
-        else:
-            requests = [item.request for item in items]
-            payloads = [item.raw for item in items if item.raw is not None]
-            if len(payloads) != len(items):
-                payloads = None
+        requests = [item.request for item in items]
+        raw = [item.raw for item in items if item.raw is not None]
+        payloads = raw if len(raw) == len(items) else None
         t_pre = time.perf_counter()
         try:
             prepared = await self._cpu.prepare(
@@ -631,15 +620,10 @@ class PoolDispatcher:
         self._reject_inputs(items, prepared, spec)
         if not prepared.kept:
             return None
-        if len(items) == 1:  # and kept: the one request
-            kept = items
-            priority = first.priority
-            deadline = first.deadline
-        else:
-            kept = [items[i] for i in prepared.kept]
-            priority = min((item.priority for item in kept), key=PRIORITY_ORDER.__getitem__)
-            deadlines = [item.deadline for item in kept if item.deadline is not None]
-            deadline = min(deadlines) if deadlines else None
+        kept = items if len(prepared.kept) == len(items) else [items[i] for i in prepared.kept]
+        priority = min((item.priority for item in kept), key=PRIORITY_ORDER.__getitem__)
+        deadlines = [item.deadline for item in kept if item.deadline is not None]
+        deadline = min(deadlines) if deadlines else None
         call = InferCall(
             model=first.model,
             version=first.version,
@@ -654,10 +638,7 @@ class PoolDispatcher:
             batch_size = self._batch_size = self._metrics.child(self._metrics.batch_size, self.name)
         batch_size.observe(len(kept))
         try:
-            if fits_one_call(call, spec.max_batch_size):  # as infer_within would, one coroutine fewer
-                result = await self.backend.infer(call)
-            else:
-                result = await infer_within(self.backend, call, spec.max_batch_size)
+            result = await infer_within(self.backend, call, spec.max_batch_size)
         except BackendError as exc:
             self._account_failure(exc, time.perf_counter() - t_infer)
             if _isolable(exc):
@@ -681,6 +662,7 @@ class PoolDispatcher:
     def _succeeded(self, infer_s: float, kept: list[WorkItem]) -> None:
         """A backend call that served ``kept`` in ``infer_s``: breaker, metrics, latency estimates."""
         children = self._ok_children
+        first = children is None
         if children is None:
             metrics, backend = self._metrics, self.backend.name
             children = self._ok_children = (
@@ -688,11 +670,9 @@ class PoolDispatcher:
                 metrics.child(metrics.backend_calls, backend, "ok"),
                 metrics.child(metrics.backend_latency, backend),
             )
-            self.breaker.success()
-            children[0].set(BreakerState.CLOSED)
-        elif self.breaker.success():
-            # Closed by this success. A breaker that was closed already has its gauge at CLOSED: every
-            # failure sets it to the breaker's state after it, and only a success closes an open breaker.
+        if self.breaker.success() or first:
+            # Closed by this success (or the pool's first). A breaker that was closed already has its gauge
+            # at CLOSED: every failure sets it to the breaker's state after it, and only a success closes it.
             children[0].set(BreakerState.CLOSED)
         children[1].inc()
         children[2].observe(infer_s)
@@ -703,9 +683,6 @@ class PoolDispatcher:
         )
         observe = self._observe
         if observe is None:
-            return
-        if len(kept) == 1:
-            observe(kept[0], infer_s)
             return
         seen: set[int] = set()
         for item in kept:  # one observation per size bucket: the batch's time is each one's service time
@@ -723,13 +700,6 @@ class PoolDispatcher:
         started: float,
     ) -> None:
         now = time.monotonic()
-        if len(items) == len(outputs):
-            for item in items:
-                if item.deadline is not None and item.deadline < now:
-                    break
-            else:  # all on time (the usual case): answered as they are
-                self._respond_ok(items, outputs, model, version, timing, started)
-                return
         on_time: list[WorkItem] = []
         kept: list[bytes] = []
         for item, output_bytes in zip(items, outputs, strict=True):
@@ -745,14 +715,9 @@ class PoolDispatcher:
     def _reject_inputs(self, items: Sequence[WorkItem], prepared: Prepared, spec: ModelSpec) -> None:
         if prepared.padded_elements:
             waste = 1.0 - prepared.real_elements / prepared.padded_elements
-            padding = self._padding.get(spec.name)
-            if padding is None:
-                if len(self._padding) >= 1024:  # bounded: the backend's models
-                    self._padding.clear()
-                padding = self._padding[spec.name] = self._metrics.child(
-                    self._metrics.padding_waste, self._metrics.model_label(spec.name)
-                )
-            padding.observe(waste)
+            self._metrics.child(self._metrics.padding_waste, self._metrics.model_label(spec.name)).observe(
+                waste
+            )
         if prepared.truncated:
             self._metrics.child(self._metrics.input_truncated, self._metrics.model_label(spec.name)).inc(
                 prepared.truncated
