@@ -209,6 +209,9 @@ class ReplyRouter:
         self._acks = waiting
         if waiting:
             self._arm_ack_timer(max(0.0, min(p[0].due for p in waiting.values()) - now))
+        elif self._ack_timer is not None:  # every Ack went with its answers: nothing left to wait for
+            self._ack_timer.cancel()
+            self._ack_timer = None
 
     def _send_acks(
         self, agent_id: str, carrier: str, pending: list[_PendingAck], responses: list[bytes]
@@ -227,13 +230,12 @@ class ReplyRouter:
             if responses and first == (carrier, routing_id):
                 riding, responses = responses[:MAX_RESPONSES_PER_FRAME], responses[MAX_RESPONSES_PER_FRAME:]
             if len(group) == 1 and not riding:
-                payload = Serialized(pb.MESSAGE_KIND_ACK, group[0].ack, 0)
+                frames = self._frames(agent_id, pb.MESSAGE_KIND_ACK, group[0].ack, 0)
             else:
                 raw = repeated_field(RESPONSES_FIELD, riding) + repeated_field(
                     ACKS_FIELD, [a.ack for a in group]
                 )
-                payload = Serialized(pb.MESSAGE_KIND_RESPONSE_BATCH, raw, len(riding))
-            frames = self._codec.encode(payload, agent_id=agent_id, region="hk", dict_id=0)
+                frames = self._frames(agent_id, pb.MESSAGE_KIND_RESPONSE_BATCH, raw, len(riding))
             result = ingress.send(routing_id, frames)
             if result == SendResult.SENT:
                 continue
@@ -249,12 +251,7 @@ class ReplyRouter:
         if not routes:
             return False
         payload = repeated_field(RESPONSES_FIELD, responses)
-        frames = self._codec.encode(
-            Serialized(pb.MESSAGE_KIND_RESPONSE_BATCH, payload, len(responses)),
-            agent_id=agent_id,
-            region="hk",
-            dict_id=0,
-        )
+        frames = self._frames(agent_id, pb.MESSAGE_KIND_RESPONSE_BATCH, payload, len(responses))
         for carrier_name, routing_id in routes:
             carrier = self._carriers.get(carrier_name)
             if carrier is None:
@@ -268,6 +265,10 @@ class ReplyRouter:
             if result == SendResult.UNREACHABLE:
                 self._forget(agent_id, carrier_name, routing_id)
         return False
+
+    def _frames(self, agent_id: str, kind: pb.MessageKind.ValueType, raw: bytes, records: int) -> list[bytes]:
+        """A serialized payload framed to an agent (the gateway sends no dictionary-compressed frames)."""
+        return self._codec.encode(Serialized(kind, raw, records), agent_id=agent_id, region="hk", dict_id=0)
 
     def _forget(self, agent_id: str, carrier: str, routing_id: bytes) -> None:
         routes = self._agents.get(agent_id)
