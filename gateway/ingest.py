@@ -32,7 +32,7 @@ from gateway.ingress.carrier import Carrier
 from gateway.ops.histograms import observe_many
 from gateway.ops.metrics import GatewayMetrics
 from gateway.replies import ReplyRouter
-from inference.profile import profile_of, sizes_of, wire_priority
+from inference.profile import profile_of, wire_priority
 from routing.geo import RegionResolver
 from routing.holder import PolicyHolder
 from routing.types import Decision, PoolSignals, Priority, Reason, Tier
@@ -433,8 +433,7 @@ class Ingest:
         models = self._policy.policy.config.models
         max_parameters = self._config.limits.max_parameters
         draining = self.draining
-        add_request, add_priority = screened.requests.append, screened.priorities.append
-        add_remaining, add_sizes = screened.remaining.append, screened.sizes.append
+        admit = screened.add
         for index, request in enumerate(requests):
             rid = request.request_id
             model = request.model_name
@@ -463,10 +462,7 @@ class Ingest:
             if draining:
                 self._nack(ack, rid, pb.NACK_REASON_DRAINING, "gateway is draining")
                 continue
-            add_request(request)
-            add_priority(priority)
-            add_remaining(remaining)
-            add_sizes(sizes_of(request))
+            admit(request, priority, remaining)
             kept.append(index)
         return screened, kept
 
