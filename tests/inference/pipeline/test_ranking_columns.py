@@ -31,6 +31,7 @@ from inference.pipeline.ranking import (
 from inference.pipeline.tensor import InvalidInput, batch_slices
 from tests.edgewire.test_scan import varint
 from tests.inference.pipeline.specs import demo_spec
+from tests.inference.pipeline.test_ranking_alone import assert_same
 
 DEMO = demo_spec("rank-mlp")
 SPECS = {
@@ -227,17 +228,6 @@ def batches(draw: st.DrawFn, most: int = 6) -> tuple[list[pb.InferRequest], list
     return [pb.InferRequest.FromString(p) for p in payloads], payloads
 
 
-def assert_same(fast: Prepared, general: Prepared) -> None:
-    """Two prepared batches are equal, array bytes and dtypes included."""
-    assert (fast.kept, fast.rows, fast.rejected) == (general.kept, general.rows, general.rejected)
-    assert (fast.real_elements, fast.padded_elements) == (general.real_elements, general.padded_elements)
-    for mine, theirs in ((fast.inputs, general.inputs), (fast.extras, general.extras)):
-        assert mine.keys() == theirs.keys()
-        for name, array in mine.items():
-            assert (array.dtype, array.shape) == (theirs[name].dtype, theirs[name].shape), name
-            assert array.tobytes() == theirs[name].tobytes(), name
-
-
 def assert_same_answers(fast: Prepared, general: Prepared, seed: int) -> None:
     """finish_bytes gives the same answers for both, with the same random scores."""
     rows = general.rows[-1].stop if general.rows else 0
@@ -265,6 +255,19 @@ def prepare_both(spec: ModelSpec, requests: list[pb.InferRequest], payloads: lis
         ]
 
 
+def prepared_as_the_reference(
+    spec: ModelSpec, requests: list[pb.InferRequest], payloads: list[bytes], seed: int
+) -> None:
+    """prepare and prepare_views (with and without the requests' encodings) give the reference's batch:
+    features, extras, kept, rows, rejections, and the same answers."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        general = reference_prepare(requests, RankingLayout.of(spec))
+    for fast in prepare_both(spec, requests, payloads):
+        assert_same(fast, general)
+        assert_same_answers(fast, general, seed)
+
+
 @pytest.mark.parametrize("name", list(SPECS))
 @settings(max_examples=80, deadline=None)
 @given(batch=batches(), seed=st.integers(0, 2**16))
@@ -273,14 +276,7 @@ def test_a_batch_is_prepared_as_by_the_per_request_path(
 ) -> None:
     """Batches of every encoding, shape, tag and value: prepare and prepare_views give the reference's
     features, extras, kept, rows and rejections, and the same answers."""
-    requests, payloads = batch
-    spec = SPECS[name]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        general = reference_prepare(requests, RankingLayout.of(spec))
-    for fast in prepare_both(spec, requests, payloads):
-        assert_same(fast, general)
-        assert_same_answers(fast, general, seed)
+    prepared_as_the_reference(SPECS[name], *batch, seed)
 
 
 @pytest.mark.parametrize("name", list(SPECS))
@@ -290,14 +286,7 @@ def test_a_lone_request_is_prepared_as_by_the_per_request_path(
     name: str, batch: tuple[list[pb.InferRequest], list[bytes]], seed: int
 ) -> None:
     """A lone request (its own path, its encoding read or not) gives the reference's batch of one."""
-    requests, payloads = batch
-    spec = SPECS[name]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        general = reference_prepare(requests, RankingLayout.of(spec))
-    for fast in prepare_both(spec, requests, payloads):
-        assert_same(fast, general)
-        assert_same_answers(fast, general, seed)
+    prepared_as_the_reference(SPECS[name], *batch, seed)
 
 
 @settings(max_examples=40, deadline=None)
