@@ -29,6 +29,7 @@ class RecordingCarrier:
         self.bound = True
         self.receiving = True
         self.sent: list[tuple[bytes, object]] = []
+        self.something_sent = asyncio.Event()
         self._codec = FrameCodec()
 
     def stalled(self, now: float, stall_s: float) -> bool:
@@ -39,6 +40,7 @@ class RecordingCarrier:
 
     def send(self, routing_id: bytes, frames: Sequence[bytes | zmq.Frame]) -> str:
         self.sent.append((routing_id, self._codec.decode([bytes(f) for f in frames]).payload))
+        self.something_sent.set()
         return SendResult.SENT
 
     async def close(self) -> None:
@@ -105,10 +107,7 @@ async def test_hold_timer_sends_the_ack_without_any_other_event() -> None:
     )
     ack = ack_of(new_id())
     replies.acknowledge("a1", carrier, b"conn-1", ack)
-    for _ in range(200):
-        if carrier.sent:
-            break
-        await asyncio.sleep(0.005)
+    await asyncio.wait_for(carrier.something_sent.wait(), timeout=10)
     assert carrier.sent == [(b"conn-1", ack)]
 
 
