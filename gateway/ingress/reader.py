@@ -12,11 +12,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import cast
 
 import zmq
 
-from gateway.ingress.parts import EVENTS, POLLIN, recv_parts
+from gateway.ingress.parts import recv_parts, waiting
 
 READ_BUDGET_S = 0.002
 """A wake-up reads messages for at most about this long (a frame of 100 requests takes a few ms), then
@@ -66,10 +65,10 @@ class EdgeReader:
         if self._scheduled or not self.reading:
             return
         try:
-            waiting = bool(cast(int, self._sock.getsockopt(EVENTS)) & POLLIN)
+            pending = waiting(self._sock)
         except zmq.ZMQError:
-            waiting = True  # the drain meets the error and says so
-        if waiting:
+            pending = True  # the drain meets the error and says so
+        if pending:
             self.schedule()
 
     def _read(self) -> None:
@@ -82,7 +81,7 @@ class EdgeReader:
             try:
                 # Asking first is cheaper than the exception an empty receive raises; most wake-ups
                 # scheduled after a send find nothing.
-                if not cast(int, sock.getsockopt(EVENTS)) & POLLIN:
+                if not waiting(sock):
                     return
                 frames = recv_parts(sock)
             except zmq.Again:

@@ -24,13 +24,13 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
 import structlog
 import zmq
 
 from gateway.ingress.carrier import CarrierIngress, SendResult, send_to_peer
-from gateway.ingress.parts import EVENTS, POLLIN, recv_parts, send_parts
+from gateway.ingress.parts import recv_parts, send_parts, waiting
 from gateway.ops.metrics import GatewayMetrics
 from gateway.shards.link import REPLY
 
@@ -159,7 +159,7 @@ class Relay:
                 handle = handlers[sock]
                 for _ in range(limit):
                     # Asking is cheaper than the exception an empty receive raises (zmq.Again).
-                    if not cast(int, sock.getsockopt(EVENTS)) & POLLIN:
+                    if not waiting(sock):
                         break
                     handle(recv_parts(sock))
         self._read_link_dry()
@@ -214,7 +214,7 @@ class Relay:
         """What the shards sent before they exited (their last replies), passed on before carriers close."""
         deadline = time.monotonic() + DRY_MAX_S
         for _ in range(DRY_LIMIT):
-            if not cast(int, self._link.getsockopt(EVENTS)) & POLLIN and (
+            if not waiting(self._link) and (
                 time.monotonic() >= deadline or not self._link.poll(DRY_QUIET_MS)
             ):
                 return
