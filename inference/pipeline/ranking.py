@@ -225,6 +225,104 @@ class _Tiled:
     high: np.ndarray
 
 
+@dataclass(frozen=True, slots=True)
+class FlatNorm:
+    """The dense normalisation of a batch's dense values laid flat, before they are spread over rows: its
+    candidate values (rows x candidate width, row by row) then its user values (one row per request).
+
+    Value for value what :class:`RowNorm` gives the rows those values are repeated on (every step is
+    element by element, so a user row normalised once equals it normalised on each of its candidate rows),
+    in fewer and smaller operations: a request's user features once instead of on every candidate row, the
+    tag counts (which the norm passes unchanged) not at all, one float64 copy of every value. Only where
+    every clip is above 0 (:attr:`RowNorm.min_max`); a block without a norm is left as it is."""
+
+    candidate: DenseNorm | None
+    user: DenseNorm | None
+    candidate_width: int
+    user_width: int
+    _tiled: list[_FlatTiled] = field(default_factory=list, compare=False, repr=False)
+
+    @classmethod
+    def of(
+        cls, candidate: DenseNorm | None, candidate_width: int, user: DenseNorm | None, user_width: int
+    ) -> FlatNorm | None:
+        """None when neither block has a norm, or one clips at 0 or below."""
+        norms = [n for n in (candidate, user) if n is not None]
+        if not norms or not all(n.clip > 0 for n in norms):
+            return None
+        return cls(candidate, user, candidate_width, user_width)
+
+    def apply(self, values: np.ndarray, rows: int, requests: int) -> np.ndarray | None:
+        """The normalised float64 copy of a batch's flat float32 values of ``rows`` candidates and
+        ``requests`` requests, all finite; None beyond :data:`TILED_ROWS` rows."""
+        tiled = self._tiled_for(rows)
+        if tiled is None:
+            return None
+        candidate, user = self.candidate, self.user
+        split = rows * self.candidate_width
+        x = values.astype(np.float64)
+        cells = tiled.candidate_cells[: rows * tiled.candidate_logged]
+        if tiled.user_logged:
+            user_cells = tiled.user_cells[: requests * tiled.user_logged] + split
+            cells = np.concatenate((cells, user_cells)) if len(cells) else user_cells
+        if len(cells):
+            logged = values.take(cells)  # float32, as the block's own values
+            x.put(cells, np.sign(logged) * np.log1p(np.abs(logged)))
+        if candidate is not None:
+            part = x[:split]
+            np.subtract(part, tiled.candidate_mean[:split], out=part)
+            np.divide(part, tiled.candidate_std[:split], out=part)
+        if user is not None:
+            part, end = x[split:], requests * self.user_width
+            np.subtract(part, tiled.user_mean[:end], out=part)
+            np.divide(part, tiled.user_std[:end], out=part)
+        if candidate is not None and user is not None and candidate.clip == user.clip:
+            np.maximum(x, -candidate.clip, out=x)
+            np.minimum(x, candidate.clip, out=x)
+            return x
+        for norm, part in ((candidate, x[:split]), (user, x[split:])):
+            if norm is not None:
+                np.maximum(part, -norm.clip, out=part)
+                np.minimum(part, norm.clip, out=part)
+        return x
+
+    def _tiled_for(self, rows: int) -> _FlatTiled | None:
+        """The constants tiled to at least ``rows`` rows; None beyond :data:`TILED_ROWS`."""
+        if rows > TILED_ROWS:
+            return None
+        tiled = self._tiled[-1] if self._tiled else None
+        if tiled is None or tiled.rows < rows:
+            capacity = min(max(64, 1 << (rows - 1).bit_length()), TILED_ROWS)
+            parts: list[np.ndarray] = []
+            logged: list[int] = []
+            for norm, width in ((self.candidate, self.candidate_width), (self.user, self.user_width)):
+                columns = np.flatnonzero(norm.log1p) if norm is not None else np.zeros(0, dtype=np.intp)
+                cells = np.arange(capacity, dtype=np.intp)[:, np.newaxis] * width + columns
+                mean = np.zeros(width) if norm is None else norm.mean
+                std = np.ones(width) if norm is None else norm.std
+                parts += (cells.reshape(-1).astype(np.intp), np.tile(mean, capacity), np.tile(std, capacity))
+                logged.append(len(columns))
+            tiled = _FlatTiled(capacity, logged[0], logged[1], *parts)
+            self._tiled[:] = [tiled]  # one list item replaced whole: the loop and a thread may both read
+        return tiled
+
+
+@dataclass(frozen=True, slots=True)
+class _FlatTiled:
+    """A :class:`FlatNorm`'s constants for up to ``rows`` rows of each block: its log1p cells as flat
+    positions in the block's values, how many per row, and mean and std per value."""
+
+    rows: int
+    candidate_logged: int
+    user_logged: int
+    candidate_cells: np.ndarray
+    candidate_mean: np.ndarray
+    candidate_std: np.ndarray
+    user_cells: np.ndarray
+    user_mean: np.ndarray
+    user_std: np.ndarray
+
+
 _MIX_ADD: Final = np.uint64(0x9E3779B97F4A7C15)
 _MIX_1: Final = np.uint64(0xBF58476D1CE4E5B9)
 _MIX_2: Final = np.uint64(0x94D049BB133111EB)
@@ -242,8 +340,11 @@ def item_rows(item_ids: np.ndarray, table_rows: int) -> np.ndarray:
     z *= _MIX_2
     np.right_shift(z, _SHIFTS[2], out=t)
     z ^= t
-    np.remainder(z, np.uint64(table_rows), out=z)
-    return z.astype(np.int64)
+    if table_rows & (table_rows - 1) == 0:  # a power of two: the same rows as the remainder, cheaper
+        np.bitwise_and(z, np.uint64(table_rows - 1), out=z)
+    else:
+        np.remainder(z, np.uint64(table_rows), out=z)
+    return z.view(np.int64)  # below table_rows: the same values, without a copy
 
 
 _LAYOUTS: dict[tuple[object, ...], RankingLayout] = {}
@@ -264,6 +365,7 @@ class RankingLayout:
     item_input: str = ""  # the item_rows input, when the model has one
     item_table_rows: int = 0
     row_norm: RowNorm | None = None  # both norms over whole rows
+    flat_norm: FlatNorm | None = None  # both norms over a batch's flat values (prepare_batch)
 
     @classmethod
     def of(cls, spec: ModelSpec) -> RankingLayout:
@@ -319,6 +421,7 @@ class RankingLayout:
             item_input=item_input,
             item_table_rows=table_rows,
             row_norm=RowNorm.of(((candidate_norm, candidate_width), (user_norm, user_width)), tag_buckets),
+            flat_norm=FlatNorm.of(candidate_norm, candidate_width, user_norm, user_width),
         )
         if features.dims != (layout.width,):
             raise ValueError(
@@ -447,16 +550,28 @@ class RankingPipeline:
         ids_type, ids_raw = wire_data(ITEM_IDS, best_ids)
         scores_type, scores_raw = wire_data(SCORES, best_scores)
         ids_size, scores_size = best_ids.itemsize, best_scores.itemsize
+        if len(lengths) == 1:  # a lone request: its whole arrays
+            (length,) = lengths
+            ids_prefix = output_prefix(ITEM_IDS, ids_type, (length,), length * ids_size)
+            scores_prefix = output_prefix(SCORES, scores_type, (length,), length * scores_size)
+            return [b"".join((ids_prefix, ids_raw, scores_prefix, scores_raw))]
         answers: list[bytes] = []
+        prefixes: dict[int, tuple[bytes, bytes]] = {}  # by length: most requests of a batch share a top_k
         end = 0
         for length in lengths:
             start, end = end, end + length
+            prefix = prefixes.get(length)
+            if prefix is None:
+                prefix = prefixes[length] = (
+                    output_prefix(ITEM_IDS, ids_type, (length,), length * ids_size),
+                    output_prefix(SCORES, scores_type, (length,), length * scores_size),
+                )
             answers.append(
                 b"".join(
                     (
-                        output_prefix(ITEM_IDS, ids_type, (length,), length * ids_size),
+                        prefix[0],
                         ids_raw[start * ids_size : end * ids_size],
-                        output_prefix(SCORES, scores_type, (length,), length * scores_size),
+                        prefix[1],
                         scores_raw[start * scores_size : end * scores_size],
                     )
                 )
@@ -474,8 +589,8 @@ def ranked(prepared: Prepared, outputs: Mapping[str, np.ndarray]) -> tuple[np.nd
         chosen = top_k_order(scores, int(top_k[0]))
         return ids[chosen], scores[chosen], [len(chosen)]
     counts = [r.stop - r.start for r in rows]
-    chosen, lengths = top_k_orders(scores, counts, top_k)
-    return ids[chosen], scores[chosen], lengths.tolist()
+    chosen, lengths = _top_k_chosen(scores, counts, top_k)
+    return ids[chosen], scores[chosen], lengths
 
 
 def prepare_batch(
@@ -511,31 +626,24 @@ def prepare_batch(
         kept.append(index)
     rows = sum(counts)
     columns = ranking_columns(rankings, None if payloads is None else [payloads[i] for i in kept], rows)
-    candidate_block, user_block = _dense_blocks(columns, rankings, rows, layout)
+    values = _dense_values(columns, rankings, rows, layout)
     flat = np.fromiter(columns.candidate_item_ids, dtype=np.uint64, count=rows)
     tag_block = _tag_counts(columns, rankings, buckets)
-    if kept:
+    if kept and not np.logical_and.reduce(np.isfinite(values)):  # one pass over every dense value
+        candidate_block, user_block = values[: rows * c].reshape(rows, c), values[rows * c :].reshape(-1, u)
         good = _finite_requests(candidate_block, user_block, kept, counts, rejected)
         if good is not None:  # some hold NaN or infinity: dropped from every column
             by_row = np.repeat(good, counts)
             candidate_block, user_block, flat = candidate_block[by_row], user_block[good], flat[by_row]
+            values = np.concatenate((candidate_block.reshape(-1), user_block.reshape(-1)))
             tag_block = tag_block[good]
             chosen = good.tolist()
             kept = [index for index, keep in zip(kept, chosen, strict=True) if keep]
             counts = [count for count, keep in zip(counts, chosen, strict=True) if keep]
             rankings = [r for r, keep in zip(rankings, chosen, strict=True) if keep]
             rows = sum(counts)
-    features = np.empty((rows, layout.width), dtype=np.float32)
+    features = _features(values, tag_block, counts, layout)
     inputs = {layout.input_name: features}
-    if kept:
-        # What every candidate row of a request repeats: its user features, then its tag counts.
-        shared = np.empty((len(kept), u + buckets), dtype=np.float32)
-        shared[:, :u] = user_block
-        shared[:, u:] = tag_block
-        features[:, :c] = candidate_block
-        features[:, c:] = np.repeat(shared, counts, axis=0)
-        if layout.row_norm is not None:
-            layout.row_norm.apply(features)
     if layout.item_input:
         inputs[layout.item_input] = item_rows(flat, layout.item_table_rows).reshape(rows, 1)
     return Prepared(
@@ -548,6 +656,31 @@ def prepare_batch(
         real_elements=int(features.size),
         padded_elements=int(features.size),
     )
+
+
+def _features(
+    values: np.ndarray, tag_block: np.ndarray, counts: list[int], layout: RankingLayout
+) -> np.ndarray:
+    """A batch's feature rows from its flat dense values (:func:`_dense_values`, every value finite) and
+    tag counts, normalised: the dense values before they are repeated (:class:`FlatNorm`), or, where that
+    declines, the rows whole (:class:`RowNorm`)."""
+    c, u, requests, rows = layout.candidate_width, layout.user_width, len(counts), sum(counts)
+    features = np.empty((rows, layout.width), dtype=np.float32)
+    if not requests:
+        return features
+    flat_norm = layout.flat_norm
+    normalised = None if flat_norm is None else flat_norm.apply(values, rows, requests)
+    dense = values if normalised is None else normalised
+    split = rows * c
+    # What every candidate row of a request repeats: its user features, then its tag counts.
+    shared = np.empty((requests, u + layout.tag_buckets), dtype=np.float32)
+    shared[:, :u] = dense[split:].reshape(requests, u)
+    shared[:, u:] = tag_block
+    features[:, :c] = dense[:split].reshape(rows, c)
+    features[:, c:] = np.repeat(shared, counts, axis=0)
+    if normalised is None and layout.row_norm is not None:
+        layout.row_norm.apply(features)
+    return features
 
 
 def prepare_alone(
@@ -597,27 +730,24 @@ def prepare_alone(
     )
 
 
-def _dense_blocks(
+def _dense_values(
     columns: RankingColumns, rankings: Sequence[pb.RankingFeatures], rows: int, layout: RankingLayout
-) -> tuple[np.ndarray, np.ndarray]:
-    """The requests' candidate features (``rows`` x width) and user features (one row each), float32.
+) -> np.ndarray:
+    """The requests' dense features as one flat float32 array: every candidate's (``rows`` x width), then
+    every request's user features, in one copy.
 
     Their packed records joined, when those hold every value (the encoding as the serializer writes it:
     one packed record per field); else (values written unpacked, which the columns do not see) each
     request's read by :func:`dense_parts`."""
     c, u = layout.candidate_width, layout.user_width
-    candidate = b"".join(columns.candidate_dense)
-    user = b"".join(columns.user_dense)
-    if len(candidate) != 4 * c * rows or len(user) != 4 * u * len(rankings):
+    records = list(columns.candidate_dense)
+    candidate = sum(map(len, records))
+    records += columns.user_dense
+    data = b"".join(records)
+    if candidate != 4 * c * rows or len(data) != candidate + 4 * u * len(rankings):
         parts = [dense_parts(r) for r in rankings]
-        return (
-            packed_floats32([p[0] for p in parts]).reshape(-1, c),
-            packed_floats32([p[1] for p in parts]).reshape(-1, u),
-        )
-    return (
-        np.frombuffer(candidate, dtype=_FLOAT32_LE).astype(np.float32, copy=False).reshape(-1, c),
-        np.frombuffer(user, dtype=_FLOAT32_LE).astype(np.float32, copy=False).reshape(-1, u),
-    )
+        return packed_floats32([p[0] for p in parts] + [p[1] for p in parts])
+    return np.frombuffer(data, dtype=_FLOAT32_LE).astype(np.float32, copy=False)
 
 
 def _tag_counts(columns: RankingColumns, rankings: Sequence[pb.RankingFeatures], buckets: int) -> np.ndarray:
@@ -688,10 +818,63 @@ def top_k_orders(
 
     ``scores`` holds the requests' candidates one after another (``counts`` each); request ``i`` keeps
     its ``top_k[i]`` highest (0 = all), highest first, equal scores in position order, NaN last. The
-    chosen positions of request ``i`` follow those of request ``i - 1``. One stable sort by (request,
-    score descending) over the whole batch replaces a partition and a sort per request (~10 numpy calls
-    each).
+    chosen positions of request ``i`` follow those of request ``i - 1``. One stable sort of one int64 key
+    per candidate, (request, score descending), over the whole batch replaces a partition and a sort per
+    request (~10 numpy calls each); float32 scores map to int32 in their order (NaN as -inf, -0.0 as
+    0.0, which compare equal), the request above them. Other scores, or a negative ``top_k``:
+    :func:`top_k_orders_sorted`.
     """
+    chosen, wanted = _top_k_chosen(scores, counts, top_k)
+    return chosen, np.asarray(wanted, dtype=np.int64)
+
+
+def _top_k_chosen(
+    scores: np.ndarray, counts: Sequence[int], top_k: np.ndarray
+) -> tuple[np.ndarray, list[int]]:
+    """:func:`top_k_orders`, how many per request as a list."""
+    wanted = np.asarray(top_k).tolist()
+    if scores.dtype != np.float32 or (wanted and min(wanted) < 0):
+        chosen, lengths = top_k_orders_sorted(scores, counts, top_k)
+        return chosen, lengths.tolist()
+    # NaN -> -inf; not np.fmax, which lets a signalling NaN through on short arrays (its scalar loop)
+    keys = np.where(np.isnan(scores), -np.inf, scores)
+    np.add(keys, 0.0, out=keys)  # -0.0 -> 0.0
+    bits = keys.view(np.int32)
+    flip = np.right_shift(bits, 31)  # -1 where negative: its magnitude bits flipped, the order turns over
+    np.bitwise_and(flip, 0x7FFFFFFF, out=flip)
+    np.bitwise_xor(bits, flip, out=bits)
+    requests = len(counts)
+    bases = _REQUEST_BASES[:requests] if requests <= len(_REQUEST_BASES) else _request_bases(requests)
+    order: np.ndarray = np.argsort(np.subtract(np.repeat(bases, counts), bits), kind="stable")
+    runs: list[int] = []
+    for index, (n, k) in enumerate(zip(counts, wanted, strict=True)):
+        keep = n if k == 0 or k > n else k
+        wanted[index] = keep
+        runs += (keep, n - keep)
+    if wanted != counts:  # some requests cut: keep the first k of each request's n
+        keep_drop = _KEEP_DROP[: 2 * requests] if 2 * requests <= len(_KEEP_DROP) else _keep_drop(requests)
+        order = order[np.repeat(keep_drop, runs)]
+    return order, wanted
+
+
+def _request_bases(requests: int) -> np.ndarray:
+    """Request ``i``'s part of the sort key: i * 2**32, above any score's int32 (negated)."""
+    return np.left_shift(np.arange(requests, dtype=np.int64), 32)
+
+
+def _keep_drop(requests: int) -> np.ndarray:
+    """True, False per request: repeated by (kept, dropped) counts, the mask of each request's top-k."""
+    return np.tile(np.array([True, False]), requests)
+
+
+_REQUEST_BASES: Final = _request_bases(4096)
+_KEEP_DROP: Final = _keep_drop(4096)
+
+
+def top_k_orders_sorted(
+    scores: np.ndarray, counts: Sequence[int], top_k: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`top_k_orders` by a lexsort of (request, score descending): any scores."""
     n = np.asarray(counts, dtype=np.int64)
     keys = np.where(np.isnan(scores), -np.inf, scores)
     request = np.repeat(np.arange(len(n)), n)
