@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 from collections import defaultdict
-from collections.abc import Coroutine
+from collections.abc import Collection, Coroutine
 from typing import Any
 
 import structlog
@@ -40,6 +40,21 @@ def durable_caller(caller: bytes) -> bytes:
     """The identity a restarted agent can answer: the caller's routing id, unless libzmq made it up (it
     starts with a zero byte and is not seen again after a reconnect); b"" then."""
     return caller if caller[:1] != b"\x00" else b""
+
+
+class _SpooledWire:
+    """``value in spooled``: whether a request's wire priority is of a class the spool keeps (unknown
+    values count as interactive, as ``wire_priority`` says)."""
+
+    __slots__ = ("_defined", "_known", "_other")
+
+    def __init__(self, classes: Collection[str]) -> None:
+        self._defined = frozenset(pb.PriorityClass.values())
+        self._known = frozenset(v for v in self._defined if wire_priority(v).value in classes)
+        self._other = wire_priority(-1).value in classes
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._known or (self._other and value not in self._defined)
 
 
 class Route(enum.Enum):
@@ -76,6 +91,8 @@ class Admission:
         self._errors = errors
         self.reserved = 0  # spooled requests counted against the in-flight window, not yet submitted
         self.reattached = 0  # requests sent again by their caller and attached to what the agent held
+        # The wire priority values (any int a request may carry) of the classes the spool keeps.
+        self._spooled_wire = _SpooledWire(config.spool.classes)
 
     def take(self, caller: bytes, requests: list[pb.InferRequest]) -> Coroutine[Any, Any, None] | None:
         """Decide, spool, queue and send what a frame holds; the Ack goes back now, or, when requests of
@@ -84,29 +101,42 @@ class Admission:
         local: defaultdict[ModelKey, list[pb.InferRequest]] = defaultdict(list)
         direct: list[pb.InferRequest] = []  # to Hong Kong now
         spooled: list[pb.InferRequest] = []  # to Hong Kong once the spool's fsync covers them
+        spooled_raw: list[bytes] = []  # their serialized form, written to the spool and sent as it is
         policy = self._policy.policy
         wall = now_unix_us()
         rtt = self._uplink.rtt_s()
-        for request in requests:
-            self._stats.received += 1
-            if not self._new_id(caller, request, ack):
-                continue
-            route = self._route(request, policy, wall, rtt)
-            if route is Route.LOCAL:
-                local[(request.model_name, request.model_version)].append(request)
-            elif route is Route.FAIL_FAST:
-                self._callers.fail_fast(caller, request, "round_trip")
-            elif self._admit(caller, request, ack, len(direct) + len(spooled)):
-                (spooled if self._spooled(request) else direct).append(request)
-                self._callers.wait_for(request.request_id, caller, request.deadline_unix_us)
+        self._stats.received += len(requests)
+        # The frame's spool records are written together when the loop ends (one write, not one each).
+        with self._spool.batch() as written:
+            for request in requests:
+                if not self._new_id(caller, request, ack):
+                    continue
+                route = self._route(request, policy, wall, rtt)
+                if route is Route.LOCAL:
+                    local[(request.model_name, request.model_version)].append(request)
+                elif route is Route.FAIL_FAST:
+                    self._callers.fail_fast(caller, request, "round_trip")
+                elif not self._uplink.has_room(self.reserved + len(direct) + len(spooled) + 1):
+                    self._refuse(ack, request, "agent in-flight window full")
+                elif request.priority not in self._spooled_wire:
+                    direct.append(request)
+                    self._callers.wait_for(request.request_id, caller, request.deadline_unix_us)
+                else:
+                    raw = self._append(caller, request, ack)
+                    if raw is not None:
+                        spooled.append(request)
+                        spooled_raw.append(raw)
+                        self._callers.wait_for(request.request_id, caller, request.deadline_unix_us)
+        if written.failed:
+            spooled, spooled_raw = self._write_failed(ack, written.failed, spooled, spooled_raw)
         if local and self._local is not None:
             self._local.add(caller, local)
         self._accept(ack, direct)
         if spooled and self._commit is not None:
             # They wait for an fsync that covers them, holding their place in the in-flight window.
             self.reserved += len(spooled)
-            return self._after_commit(caller, ack, spooled)
-        self._accept(ack, spooled)
+            return self._after_commit(caller, ack, spooled, spooled_raw)
+        self._accept(ack, spooled, spooled_raw)
         self._callers.ack(caller, ack)
         return None
 
@@ -147,10 +177,14 @@ class Admission:
             # Nothing waits forever: a request without a deadline gets the configured default.
             request.deadline_unix_us = wall + int(self._config.default_deadline_s * 1e6)
         priority = wire_priority(request.priority)
+        can_local = self._local is not None and self._local.serves(request.model_name, request.model_version)
+        if not can_local and priority is not Priority.REALTIME:
+            # The policy's tier only matters where a local model could serve the request, and the round
+            # trip only for realtime ones: the rest go to Hong Kong whatever the policy says (it is pure).
+            return Route.HONG_KONG
         remaining = (request.deadline_unix_us - wall) / 1e6
         profile = profile_of(request, priority, remaining, self._config.region)
         decision = policy.tier_for(profile)
-        can_local = self._local is not None and self._local.serves(request.model_name, request.model_version)
         if decision.tier is Tier.EDGE_DEVICE and can_local:
             return Route.LOCAL
         if priority is Priority.REALTIME:
@@ -160,24 +194,14 @@ class Admission:
                 return Route.LOCAL if can_local else Route.FAIL_FAST
         return Route.HONG_KONG
 
-    def _spooled(self, request: pb.InferRequest) -> bool:
-        return wire_priority(request.priority).value in self._config.spool.classes
-
-    def _admit(self, caller: bytes, request: pb.InferRequest, ack: pb.Ack, taken: int) -> bool:
-        """Room in the in-flight window (``taken`` of this frame already counted), and in the spool for a
-        spooled class; False when refused (the Ack says why)."""
-        if not self._uplink.has_room(self.reserved + taken + 1):
-            self._refuse(ack, request, "agent in-flight window full")
-            return False
-        if not self._spooled(request):
-            return True
+    def _append(self, caller: bytes, request: pb.InferRequest, ack: pb.Ack) -> bytes | None:
+        """Append a spooled class's request to the spool; its serialized form, or None when refused (the
+        Ack says why)."""
+        raw = request.SerializeToString()
         try:
             result = str(
                 self._spool.append(
-                    request.request_id,
-                    request.SerializeToString(),
-                    request.deadline_unix_us / 1e6,
-                    durable_caller(caller),
+                    request.request_id, raw, request.deadline_unix_us / 1e6, durable_caller(caller)
                 )
             )
         except OSError as exc:  # a full or failing disk: refuse (retryable), keep serving
@@ -186,10 +210,29 @@ class Admission:
             result = "write_failed"
         if result != "stored":
             self._refuse(ack, request, f"spool full ({result})")
-            return False
-        return True
+            return None
+        return raw
 
-    async def _after_commit(self, caller: bytes, ack: pb.Ack, spooled: list[pb.InferRequest]) -> None:
+    def _write_failed(
+        self, ack: pb.Ack, failed: dict[bytes, OSError], spooled: list[pb.InferRequest], raws: list[bytes]
+    ) -> tuple[list[pb.InferRequest], list[bytes]]:
+        """Records of the frame that the spool could not write after all: refused as a failed append is."""
+        self._errors.count(ErrorReason.SPOOL_WRITE)
+        log.error("spool write failed", error=str(next(iter(failed.values()))), requests=len(failed))
+        kept: list[pb.InferRequest] = []
+        kept_raw: list[bytes] = []
+        for request, raw in zip(spooled, raws, strict=True):
+            if request.request_id in failed:
+                self._callers.give_up(request.request_id)
+                self._refuse(ack, request, "spool full (write_failed)")
+            else:
+                kept.append(request)
+                kept_raw.append(raw)
+        return kept, kept_raw
+
+    async def _after_commit(
+        self, caller: bytes, ack: pb.Ack, spooled: list[pb.InferRequest], raws: list[bytes]
+    ) -> None:
         """The rest of a frame whose spooled requests wait for an fsync: send them and the Ack after it."""
         assert self._commit is not None
         reserved = len(spooled)
@@ -199,7 +242,7 @@ class Admission:
             except OSError as exc:
                 self._take_back(ack, spooled, exc)
             else:
-                self._accept(ack, spooled)
+                self._accept(ack, spooled, raws)
             finally:
                 self.reserved -= reserved
             self._callers.ack(caller, ack)
@@ -207,10 +250,11 @@ class Admission:
             self._errors.count(ErrorReason.AFTER_COMMIT)
             log.exception("taking a batch from a local service failed", requests=len(spooled))
 
-    def _accept(self, ack: pb.Ack, requests: list[pb.InferRequest]) -> None:
-        """Hand requests to the uplink and list them as accepted in the caller's Ack."""
+    def _accept(self, ack: pb.Ack, requests: list[pb.InferRequest], raws: list[bytes] | None = None) -> None:
+        """Hand requests to the uplink (``raws``: their serialized form, when made already) and list them
+        as accepted in the caller's Ack."""
         if requests:
-            self._uplink.submit(requests)
+            self._uplink.submit(requests, raws)
             self._stats.remote += len(requests)
             ack.accepted_ids.extend(r.request_id for r in requests)
 

@@ -304,13 +304,15 @@ class EdgeAgent:
         assert self.uplink is not None
         assert self.callers is not None
         requests = []
+        raws = []
         for record in self.spool.records():
             request = pb.InferRequest.FromString(record.payload)
             requests.append(request)
+            raws.append(record.payload)
             self.callers.wait_for(record.request_id, record.caller, request.deadline_unix_us)
         if requests:
             log.info("resending spooled requests", count=len(requests), skipped=dict(self.spool.drops))
-            self.uplink.submit(requests)
+            self.uplink.submit(requests, raws)
 
     async def _housekeeping(self) -> None:
         """Expired requests leave the spool (bounding its memory and disk), a second after their deadline

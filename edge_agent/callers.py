@@ -14,6 +14,7 @@ gateway sends up to 256 per frame), and their spool entries are released in one 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Final
 
@@ -95,8 +96,8 @@ class Callers:
         microseconds, one per response; None or 0: not known)."""
         if not responses:
             return
-        for response in responses:
-            self._stats.responses[labels.STATUS.get(response.status, "other")] += 1
+        for status, count in Counter([r.status for r in responses]).items():
+            self._stats.responses[labels.STATUS.get(status, "other")] += count
         if not caller:  # nobody known asked (a request an older agent spooled): nobody to answer
             self._stats.orphan_responses += len(responses)
             return

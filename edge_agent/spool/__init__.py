@@ -33,13 +33,14 @@ from edge_agent.spool.records import (
     encode_record,
     scan_segment,
 )
-from edge_agent.spool.segments import LOCK_NAME, SEGMENT_SUFFIX, FsyncPolicy, SpoolBusyError
+from edge_agent.spool.segments import LOCK_NAME, SEGMENT_SUFFIX, FsyncPolicy, HeldWriteError, SpoolBusyError
 from edge_agent.spool.store import (
     DROP_REASONS,
     AppendResult,
     DropReason,
     FullPolicy,
     Spool,
+    SpoolBatch,
     SpooledRequest,
 )
 
@@ -58,10 +59,12 @@ __all__ = [
     "FsyncPolicy",
     "FullPolicy",
     "GroupCommit",
+    "HeldWriteError",
     "RecordKind",
     "ScannedRecord",
     "SegmentScan",
     "Spool",
+    "SpoolBatch",
     "SpoolBusyError",
     "SpooledRequest",
     "encode_record",

@@ -32,6 +32,16 @@ class SpoolBusyError(OSError):
     """Another open Spool (this process or another) holds the directory's lock."""
 
 
+class HeldWriteError(OSError):
+    """Writing the held records failed: the file ``seq`` holds them intact only up to ``intact_end``
+    (the rest is lost; the segment is sealed). Raised with the error that caused it as its cause."""
+
+    def __init__(self, seq: int, intact_end: int, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror or str(cause))
+        self.seq = seq
+        self.intact_end = intact_end
+
+
 @dataclass(slots=True)
 class Segment:
     """One segment file, and what the spool keeps per file to know when it may be deleted."""
@@ -62,6 +72,10 @@ class SegmentFiles:
         self.active_seq = 1
         self.disk_bytes = 0
         self._dir_dirty = False
+        # Records held in memory for one write (``hold``, then ``flush``): the active segment's tail.
+        self._held: list[bytes] = []
+        self._held_seq = 0
+        self._held_from = 0  # the offset of the first held byte
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         directory.chmod(0o700)
         self._lock_fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -115,6 +129,7 @@ class SegmentFiles:
 
     def roll(self) -> None:
         """Seal the active segment; the next write creates the following one."""
+        self.flush()
         active = self.active
         if active is None or active.size == 0:
             return
@@ -127,6 +142,7 @@ class SegmentFiles:
 
     def write(self, data: bytes) -> tuple[int, int]:
         """Append ``data`` to the active segment (created on first use); returns (sequence, offset)."""
+        self.flush()
         segment = self.active
         if segment is None:
             segment = self._create(self.active_seq)
@@ -152,6 +168,52 @@ class SegmentFiles:
         self.disk_bytes += len(data)
         return segment.seq, offset
 
+    def hold(self, data: bytes) -> tuple[int, int]:
+        """As ``write``, but ``data`` stays in memory until ``flush`` (or any other write, roll or sync),
+        so that many records cost one write. Sizes count it at once, as if written."""
+        segment = self.active
+        if segment is None:
+            segment = self._create(self.active_seq)
+        if not self._held:
+            self._held_seq, self._held_from = segment.seq, segment.size
+        offset = segment.size
+        self._held.append(data)
+        segment.size += len(data)
+        self.disk_bytes += len(data)
+        return segment.seq, offset
+
+    def flush(self) -> None:
+        """Write what ``hold`` kept, in one write (and fsync, under ``always``). Raises ``HeldWriteError``
+        when it fails: the bytes that did not reach the file are no longer counted, and the segment is
+        sealed, as after a failed ``write``."""
+        if not self._held:
+            return
+        data = b"".join(self._held) if len(self._held) > 1 else self._held[0]
+        self._held = []
+        segment = self.segments[self._held_seq]
+        assert segment.fd is not None  # held bytes are the active segment's tail; it is still open
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(segment.fd, view) :]
+            if self._fsync == "always":
+                os.fsync(segment.fd)
+                if self._dir_dirty:
+                    self._fsync_directory()
+        except OSError as exc:
+            # Whatever reached the file before the error stays (recovery reads a torn tail as torn); an
+            # fsync that failed makes none of it durable.
+            end = os.fstat(segment.fd).st_size if not view else self._held_from + len(data) - len(view)
+            intact = self._held_from if not view else end
+            lost = self._held_from + len(data) - end
+            segment.size -= lost
+            self.disk_bytes -= lost
+            try:
+                self.roll()
+            except OSError as again:
+                raise HeldWriteError(segment.seq, intact, again) from exc
+            raise HeldWriteError(segment.seq, intact, exc) from exc
+
     def _create(self, seq: int) -> Segment:
         path = self.path(seq)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC
@@ -174,6 +236,7 @@ class SegmentFiles:
 
     def sync(self) -> None:
         """Make everything written so far durable (fsync of the active segment and the directory)."""
+        self.flush()
         active = self.active
         if active is not None and active.fd is not None:
             os.fsync(active.fd)
@@ -182,6 +245,7 @@ class SegmentFiles:
 
     def begin_sync(self) -> Callable[[], None]:
         """``sync`` split in two so the disk wait can leave the event loop (see ``Spool.begin_sync``)."""
+        self.flush()
         if self._dir_dirty:
             self._fsync_directory()
         active = self.active
@@ -200,6 +264,7 @@ class SegmentFiles:
     def close(self) -> None:
         """Flush per the fsync policy and release the directory's lock."""
         try:
+            self.flush()
             active = self.active
             if active is not None and active.fd is not None:
                 if self._fsync != "never":

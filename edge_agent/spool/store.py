@@ -19,12 +19,13 @@ whole segment at a time (the oldest one), each of its live records counted as ``
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal, NamedTuple, get_args
 
@@ -37,7 +38,7 @@ from edge_agent.spool.records import (
     encode_record,
     scan_segment,
 )
-from edge_agent.spool.segments import FsyncPolicy, SegmentFiles
+from edge_agent.spool.segments import FsyncPolicy, HeldWriteError, SegmentFiles
 
 FullPolicy = Literal["block", "drop_oldest", "drop_newest"]
 DropReason = Literal["dropped_oldest", "dropped_newest", "too_large", "expired", "torn", "corrupt"]
@@ -71,6 +72,16 @@ class _Entry:
     stamp: float
     caller: bytes = b""
     payload_at: int = HEADER_BYTES + KEY_BYTES  # from ``offset``
+
+
+@dataclass(slots=True)
+class SpoolBatch:
+    """The appends of one ``Spool.batch()``: ``failed`` is filled when it ends, with the ids whose
+    records (each ``STORED`` when appended) could not be written after all, and the error; they are not
+    in the spool."""
+
+    failed: dict[bytes, OSError] = field(default_factory=dict)
+    held: list[tuple[bytes, _Entry]] = field(default_factory=list)  # appended, not written yet
 
 
 class Spool:
@@ -111,6 +122,7 @@ class Spool:
         self._deadlines: DeadlineHeap[bytes] = DeadlineHeap()
         self._live_bytes = 0
         self._closed = False
+        self._batch: SpoolBatch | None = None
         self._files = SegmentFiles(self.directory, fsync)
         try:
             self._recover()
@@ -165,24 +177,72 @@ class Spool:
         if size > self._max_bytes:
             self.drops["too_large"] += 1
             return AppendResult.TOO_LARGE
-        self._files.roll_if_needed(size, self._segment_bytes)
-        if not self._make_room(size):
+        batch = self._batch
+        try:
+            room = self._room_for(size)
+        except HeldWriteError as exc:  # the batch's records so far could not be written: this one may
+            assert batch is not None
+            self._lost(batch, exc)
+            room = self._room_for(size)
+        if not room:
             if self._when_full == "block":
                 return AppendResult.WOULD_BLOCK
             self.drops["dropped_newest"] += 1
             return AppendResult.DROPPED_NEWEST
         stamp = self._clock()
         record = encode_record(RecordKind.PUT, request_id, payload, stamp, deadline, caller)
-        seq, offset = self._files.write(record)
-        self._remember(
-            request_id,
-            _Entry(seq, offset, size, deadline, stamp, caller, HEADER_BYTES + KEY_BYTES + prefix),
-        )
+        seq, offset = self._files.write(record) if batch is None else self._files.hold(record)
+        entry = _Entry(seq, offset, size, deadline, stamp, caller, HEADER_BYTES + KEY_BYTES + prefix)
+        self._remember(request_id, entry)
+        if batch is not None:
+            batch.held.append((request_id, entry))
         return AppendResult.STORED
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[SpoolBatch]:
+        """Appends inside are written when it ends, in one write (and one fsync under ``always``), not one
+        each. Each append answers as it would alone; a record that then fails to be written leaves the
+        spool again and is listed in the batch's ``failed`` (as if its append had raised), so a caller
+        acknowledges what it appended only after the block. Only appends may be made inside it: the other
+        calls would read or write around the held records (they raise RuntimeError)."""
+        self._check_open()
+        if self._batch is not None:
+            raise RuntimeError("Spool.batch() is not reentrant")
+        batch = self._batch = SpoolBatch()
+        try:
+            yield batch
+        finally:
+            self._batch = None
+            try:
+                self._files.flush()
+            except HeldWriteError as exc:
+                self._lost(batch, exc)
+            batch.held = []
+
+    def _check_no_batch(self) -> None:
+        self._check_open()
+        if self._batch is not None:
+            raise RuntimeError("only appends may be made inside Spool.batch()")
+
+    def _room_for(self, size: int) -> bool:
+        self._files.roll_if_needed(size, self._segment_bytes)
+        return self._make_room(size)
+
+    def _lost(self, batch: SpoolBatch, exc: HeldWriteError) -> None:
+        """The batch's records past what reached the disk intact leave the spool; ``failed`` lists them."""
+        kept: list[tuple[bytes, _Entry]] = []
+        for request_id, entry in batch.held:
+            if entry.seq == exc.seq and entry.offset + entry.size > exc.intact_end:
+                if self._live.get(request_id) is entry:
+                    self._forget(request_id)
+                batch.failed[request_id] = exc
+            elif entry.seq != exc.seq or self._live.get(request_id) is entry:
+                kept.append((request_id, entry))
+        batch.held = kept
 
     def ack(self, request_ids: Iterable[bytes]) -> int:
         """Mark records done (answered, or refused after all); returns how many were live until now."""
-        self._check_open()
+        self._check_no_batch()
         stamp = self._clock()
         killed: list[_Entry] = []
         tombstones = bytearray()
@@ -211,7 +271,7 @@ class Spool:
 
         A snapshot taken at the first ``next()``; records acked or dropped while iterating are skipped.
         """
-        self._check_open()
+        self._check_no_batch()
         snapshot = list(self._live.items())
         readers: dict[int, int] = {}
         try:
@@ -229,7 +289,7 @@ class Spool:
 
     def purge_expired(self, now: float | None = None) -> int:
         """Drop live records whose deadline has passed (counted as ``expired``); returns how many."""
-        self._check_open()
+        self._check_no_batch()
         now = self._clock() if now is None else now
         purged = 0
         for request_id in self._deadlines.pop_due(now):
@@ -242,7 +302,7 @@ class Spool:
 
     def sync(self) -> None:
         """Make everything appended or acked so far durable (fsync of the active segment and directory)."""
-        self._check_open()
+        self._check_no_batch()
         self._files.sync()
 
     def begin_sync(self) -> Callable[[], None]:
@@ -251,7 +311,7 @@ class Spool:
         call durable, even if the segment is rolled or the spool closed meanwhile (it syncs its own
         duplicate of the segment's descriptor). The directory, dirty only when a segment was created or
         deleted, is synced here."""
-        self._check_open()
+        self._check_no_batch()
         return self._files.begin_sync()
 
     def close(self) -> None:

@@ -18,7 +18,7 @@ from edge_agent.errors import ErrorCounts, ErrorReason
 from edge_agent.sockets import send_nowait
 from edge_agent.uplink.carriers import Carrier, best_carrier, open_carrier, watch_connection
 from edge_agent.uplink.dictionaries import DictionaryNegotiation
-from edge_agent.uplink.outstanding import OutstandingTable, SentFrame
+from edge_agent.uplink.outstanding import Outstanding, OutstandingTable, SentFrame
 from edge_agent.uplink.pacing import SendWindow
 from edge_agent.uplink.refusals import (
     FINAL_NACK_STATUS,
@@ -29,13 +29,14 @@ from edge_agent.uplink.refusals import (
     reject_action,
 )
 from edge_agent.uplink.send_queue import SendQueue
-from edgewire import FrameCodec, FrameError, labels, new_id, now_unix_us, pb
+from edgewire import FrameCodec, FrameError, Serialized, labels, new_id, now_unix_us, pb, repeated_field
 
 log = structlog.get_logger("edge_agent.uplink")
 
 OnResponse = Callable[[pb.InferResponse], None]
 MIN_TIMER_WAIT_S = 0.001
 ANSWERED_WINDOW = 80_000
+REQUESTS_FIELD = pb.RequestBatch.DESCRIPTOR.fields_by_name["requests"].number
 
 
 @dataclass
@@ -184,14 +185,19 @@ class Uplink:
     def has_room(self, n: int = 1) -> bool:
         return len(self.outstanding) + n <= self._up.max_inflight
 
-    def submit(self, requests: Iterable[pb.InferRequest]) -> None:
-        """Take requests for Hong Kong; they are outstanding until answered or expired."""
+    def submit(self, requests: Sequence[pb.InferRequest], raws: Sequence[bytes] | None = None) -> None:
+        """Take requests for Hong Kong (``raws``: each serialized, when made already: frames carry those
+        bytes); they are outstanding until answered or expired."""
         earliest: float | None = None
-        for request in requests:
-            if self.outstanding.add(request):
-                self._queue.push(self.outstanding, [request.request_id])
-                if request.deadline_unix_us and (earliest is None or request.deadline_unix_us < earliest):
-                    earliest = request.deadline_unix_us
+        added: list[bytes] = []
+        add = self.outstanding.add
+        for i, request in enumerate(requests):
+            if add(request, None if raws is None else raws[i]):
+                added.append(request.request_id)
+                deadline = request.deadline_unix_us
+                if deadline and (earliest is None or deadline < earliest):
+                    earliest = deadline
+        self._queue.push(self.outstanding, added)
         if earliest is not None:
             self._timer_set(self._clock() + (earliest - now_unix_us()) / 1e6)
         self._wake.set()
@@ -256,20 +262,19 @@ class Uplink:
         )
         for rid in chosen.expired:
             self._expire(rid)
-        batch = chosen.requests
-        if not batch:
+        if not chosen.entries:
             return chosen.wait_s
         return self._send_batch(
-            carrier, batch, now, lambda ids: self._queue.push_front(self.outstanding, ids)
+            carrier, chosen.entries, now, lambda ids: self._queue.push_front(self.outstanding, ids)
         )
 
     def _send_reasks(self, carrier: Carrier) -> float | None:
         """One frame of re-asks (those still unanswered and not acknowledged again since)."""
-        batch: list[pb.InferRequest] = []
+        batch: list[Outstanding] = []
         while self._reasks and len(batch) < self.max_records:
             entry = self.outstanding.get(self._reasks.popleft())
             if entry is not None and not entry.accepted:
-                batch.append(entry.request)
+                batch.append(entry)
         if not batch:
             return None  # nothing left to re-ask: the queue's turn
         return self._send_batch(
@@ -279,18 +284,24 @@ class Uplink:
     def _send_batch(
         self,
         carrier: Carrier,
-        batch: list[pb.InferRequest],
+        batch: list[Outstanding],
         now: float,
         put_back: Callable[[list[bytes]], None],
     ) -> float | None:
         """Send ``batch`` as one frame (``put_back`` its ids when it cannot go now); as ``_send_some``."""
         message_id = new_id()
-        attempt = max(self._attempts(r.request_id) for r in batch)
-        deadline = min((r.deadline_unix_us for r in batch if r.deadline_unix_us), default=0)
-        priority = min(r.priority or pb.PRIORITY_CLASS_INTERACTIVE for r in batch)
+        requests = [e.request for e in batch]
+        attempt = max(e.attempts for e in batch)
+        deadline = min((d for r in requests if (d := r.deadline_unix_us)), default=0)
+        priority = min(r.priority or pb.PRIORITY_CLASS_INTERACTIVE for r in requests)
         raw_before = self._codec.sent_raw
+        # The requests as serialized when taken: a RequestBatch is the concatenation of its requests,
+        # so none is copied into a new message or serialized again.
+        payload = Serialized(
+            pb.MESSAGE_KIND_REQUEST_BATCH, repeated_field(REQUESTS_FIELD, [e.raw for e in batch]), len(batch)
+        )
         frames = self._codec.encode(
-            pb.RequestBatch(requests=batch),
+            payload,
             agent_id=self._config.name,
             region=self._config.region,
             priority=priority,
@@ -301,7 +312,7 @@ class Uplink:
             frame_limit=self.max_frame_bytes,  # the gateway's, from its Pong (0 = not known yet)
             features=pb.FEATURE_ACKS_IN_RESPONSES,
         )
-        ids = [r.request_id for r in batch]
+        ids = [r.request_id for r in requests]
         if self.max_frame_bytes and len(frames[1]) > self.max_frame_bytes:
             # Over the gateway's limit: the gateway (or libzmq, far over it) would refuse it. Split.
             if len(batch) == 1:
@@ -322,10 +333,6 @@ class Uplink:
         if self._codec.sent_raw != raw_before:  # zstd would not have saved zstd_min_saving
             self.stats.sent_uncompressed += 1
         return None
-
-    def _attempts(self, request_id: bytes) -> int:
-        entry = self.outstanding.get(request_id)
-        return 0 if entry is None else entry.attempts
 
     def _resend(self, ids: Iterable[bytes], reason: str, not_before: float = 0.0) -> None:
         again: list[bytes] = []

@@ -21,6 +21,7 @@ class Outstanding:
     """One request sent (or about to be sent) to Hong Kong, not answered yet."""
 
     request: pb.InferRequest
+    raw: bytes = b""  # the request serialized, as frames carry it (``request`` is not changed once held)
     accepted: bool = False
     epoch: int = 0  # gateway epoch when accepted
     frame: bytes = b""  # message id of the frame it was last sent in
@@ -72,12 +73,13 @@ class OutstandingTable:
         """True while the id is outstanding or was answered recently."""
         return request_id in self._entries or request_id in self._answered
 
-    def add(self, request: pb.InferRequest) -> bool:
-        """Owe ``request`` an answer; False (nothing changes) when its id is already known."""
+    def add(self, request: pb.InferRequest, raw: bytes | None = None) -> bool:
+        """Owe ``request`` an answer (``raw``: it serialized, when made already); False (nothing changes)
+        when its id is already known."""
         rid = request.request_id
-        if self.knows(rid):
+        if rid in self._entries or rid in self._answered:
             return False
-        self._entries[rid] = Outstanding(request)
+        self._entries[rid] = Outstanding(request, request.SerializeToString() if raw is None else raw)
         if request.deadline_unix_us:
             self._expiry.set(rid, request.deadline_unix_us)
         return True

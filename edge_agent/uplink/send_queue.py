@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from edge_agent.uplink.outstanding import OutstandingTable
+from edge_agent.uplink.outstanding import Outstanding, OutstandingTable
 from edgewire import pb
 
 LANES = (pb.PRIORITY_CLASS_REALTIME, pb.PRIORITY_CLASS_INTERACTIVE, pb.PRIORITY_CLASS_BATCH)
@@ -21,6 +21,7 @@ class NextFrame:
     can go, how long until something may (a retry-after running out)."""
 
     requests: list[pb.InferRequest] = field(default_factory=list)
+    entries: list[Outstanding] = field(default_factory=list)  # of ``requests``, one each
     expired: list[bytes] = field(default_factory=list)
     wait_s: float | None = None
 
@@ -96,7 +97,8 @@ class SendQueue:
                     continue
                 taken.add(rid)
                 chosen.requests.append(entry.request)
-                size += entry.request.ByteSize()
+                chosen.entries.append(entry)
+                size += len(entry.raw)
         if not chosen.requests:
             chosen.wait_s = self._later[0][0] - now if self._later else idle_wait_s
         return chosen

@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from edge_agent.agent import EdgeAgent
 from edge_agent.client import EdgeClient
 from edge_agent.drive import drive
+from edge_agent.errors import ErrorReason
 from edge_agent.ops import AgentCollector
 from edge_agent.synthetic import SyntheticTraffic
 from edgewire import pb
@@ -377,6 +378,49 @@ async def test_a_failed_spool_fsync_refuses_the_frame_retryably(
     assert all(r.retry_after_ms > 0 and "fsync" in r.error_message for r in refused)
     assert {r.status for r in served} == {pb.STATUS_OK}
     assert at_gateway == 10  # the refused frame never left the agent
+
+
+async def test_a_spool_write_that_fails_mid_frame_refuses_what_it_lost_retryably(
+    models_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A frame's spooled requests reach the spool in one write; when the disk fills up partway through
+    it, the requests whose records did not reach the file intact are refused OVERLOADED with a
+    retry-after ("spool full (write_failed)", counted as spool_write), those before them are served, and
+    once the disk has room again the refused ones go through when their caller sends them again."""
+    spool_dir = (tmp_path / "spool").resolve()
+    real = os.write
+    room = [4096]  # bytes the disk takes before it is full: some of the frame's records, not all
+
+    def write(fd: int, data: bytes | memoryview) -> int:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            target = ""
+        if not target.startswith(str(spool_dir)) or room[0] < 0:
+            return real(fd, data)
+        if room[0] == 0:
+            raise OSError(errno.ENOSPC, "injected: no space left on device")
+        n = real(fd, bytes(data)[: room[0]])
+        room[0] -= n
+        return n
+
+    monkeypatch.setattr(os, "write", write)
+    requests = _batch_class(40, seed=11)
+    async with agent_on_gateway(models_dir, spool_dir, local={"enabled": False}) as (_, agent):
+        async with EdgeClient(agent.intake_endpoint) as client:
+            first = await client.infer_many(requests, deadline_s=5, priority=pb.PRIORITY_CLASS_BATCH)
+            refused = [r for r, a in zip(requests, first, strict=True) if a.status != pb.STATUS_OK]
+            room[0] = -1  # room again
+            again = await client.infer_many(refused, deadline_s=5, priority=pb.PRIORITY_CLASS_BATCH)
+        assert agent.spool is not None
+        assert agent.spool.live_records == 0
+        failures = agent.errors.by_reason[ErrorReason.SPOOL_WRITE]
+    served = [a for a in first if a.status == pb.STATUS_OK]
+    assert 0 < len(served) < len(requests), [a.status for a in first]
+    assert all(a.status == pb.STATUS_OVERLOADED for a in first if a.status != pb.STATUS_OK)
+    assert all(a.retry_after_ms > 0 and "write_failed" in a.error_message for a in first if a not in served)
+    assert {a.status for a in again} == {pb.STATUS_OK}
+    assert failures == 1
 
 
 def _slow_file_fsyncs(monkeypatch: pytest.MonkeyPatch, delay_s: float) -> None:

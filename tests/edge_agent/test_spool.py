@@ -669,3 +669,90 @@ async def test_a_failed_fsync_fails_every_commit_it_covered_even_if_the_next_suc
     finally:
         commit.close()
         spool.close()
+
+
+# ---------------------------------------------------------------------- batches of appends (one write)
+
+
+def _spool_writes(
+    monkeypatch: pytest.MonkeyPatch, directory: Path, fail_after: int | None = None
+) -> list[int]:
+    """Wrap os.write for the files under ``directory``: log each call's size; with ``fail_after``, a call
+    writes at most that many bytes in all (a partial write), then raises ENOSPC: a disk that filled up."""
+    real = os.write
+    log: list[int] = []
+    prefix = str(directory.resolve())
+
+    def write(fd: int, data: bytes | memoryview) -> int:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            target = ""
+        if not target.startswith(prefix):
+            return real(fd, data)
+        log.append(len(data))
+        if fail_after is not None:
+            room = fail_after - sum(log[:-1])
+            if room <= 0:
+                raise OSError(errno.ENOSPC, "injected: no space left on device")
+            return real(fd, bytes(data)[:room])
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    return log
+
+
+def test_a_batch_of_appends_is_one_write_at_its_end(spool_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Appends inside ``batch()`` answer STORED at once, reach the file in one write when the block ends,
+    and read back (also after reopening) exactly as appends made one by one."""
+    with Spool(spool_dir) as spool:
+        writes = _spool_writes(monkeypatch, spool_dir)
+        with spool.batch() as written:
+            for n in range(10):
+                assert spool.append(rid(n), body(n), deadline=1e10 + n) is AppendResult.STORED
+            assert writes == []  # held until the block ends
+            assert spool.live_records == 10
+            with pytest.raises(RuntimeError, match="only appends"):
+                ids(spool)  # it would read the file around the held records
+        assert writes == [10 * RECORD]
+        assert written.failed == {}
+        assert spool.append(rid(10), body(10)) is AppendResult.STORED  # outside a batch: a write each
+        assert writes == [10 * RECORD, RECORD]
+    monkeypatch.undo()
+    with Spool(spool_dir) as spool:
+        assert list(spool.pending())[:10] == [(rid(n), body(n), 1e10 + n) for n in range(10)]
+        assert ids(spool) == list(range(11))
+        assert sum(spool.drops.values()) == 0
+
+
+def test_a_batch_whose_write_fails_lists_what_did_not_reach_the_disk(
+    spool_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A disk that fills up in the middle of a batch's write: the records past the last intact one are
+    listed in ``failed`` and leave the spool (not pending, not counted), the intact ones stay, reopening
+    finds only those (the torn one counted), and the next appends go on in a new segment."""
+    with Spool(spool_dir) as spool:
+        _spool_writes(monkeypatch, spool_dir, fail_after=2 * RECORD + RECORD // 2)
+        with spool.batch() as written:
+            for n in range(5):
+                assert spool.append(rid(n), body(n)) is AppendResult.STORED
+        assert sorted(written.failed) == [rid(n) for n in range(2, 5)]
+        assert all(e.errno == errno.ENOSPC for e in written.failed.values())
+        assert ids(spool) == [0, 1]
+        assert spool.live_records == 2
+        monkeypatch.undo()
+        assert spool.append(rid(7), body(7)) is AppendResult.STORED
+        assert len(wal_files(spool_dir)) == 2  # the failed segment was sealed
+    with Spool(spool_dir) as spool:
+        assert ids(spool) == [0, 1, 7]
+        assert spool.drops["torn"] == 1
+
+
+def test_only_appends_are_made_inside_a_batch(spool_dir: Path) -> None:
+    """Batches do not nest, and the calls that read or write around the held records are refused."""
+    with Spool(spool_dir) as spool, spool.batch():
+        with pytest.raises(RuntimeError, match="reentrant"), spool.batch():
+            pass
+        for call in (lambda: spool.ack([rid(1)]), spool.sync, spool.begin_sync, spool.purge_expired):
+            with pytest.raises(RuntimeError, match="only appends"):
+                call()
