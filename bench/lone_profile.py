@@ -1,6 +1,7 @@
 """Where a lone realtime request's gateway CPU goes: an in-process gateway, one request at a time.
 
-    python -m bench.lone_profile [--requests 3000] [--profile] [--features 0|1] [--frame 100 [--window 8]]
+    python -m bench.lone_profile [--requests 3000] [--profile | --steps [--detail N]] [--features 0|1]
+                                 [--frame 100 [--window 8]]
 
 The gateway (null backend, bench/gateway_bench.py's config) runs on this process's event loop; a plain
 DEALER on another thread sends issue 24's mix (60% ranking of 8-32 candidates, 40% short text) one
@@ -10,12 +11,21 @@ by cumulative time). ``--features 0`` sends frames that do not ask for Acks with
 (N > 1) sends frames of N requests of the mix instead (issue 24's batched frames: bench/frame_path.py's
 ``mixed_requests``, encoded before the run), ``--window`` of them in flight: CPU per record. Loopback only;
 bounded by ``--requests``.
+
+``--steps``: where that CPU goes per step, in microseconds per request (bench/steps.py), without cProfile's
+inflation: the timed part runs twice, first as it is, then with py-spy sampling the loop thread about 1,000
+times a second from outside the interpreter (non-blocking); each busy sample goes to one step (receive &
+decode, screening, routing, queueing, CPU stage prepare and finish per pipeline kind, backend call,
+answers, replies & send, metrics, uvloop's own C work, other), and each step's share of the samples is
+scaled to the first run's CPU per request. Both runs' CPU per request are printed: their difference is
+what sampling cost the thread (and this machine's noise).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import pstats
 import tempfile
@@ -29,6 +39,7 @@ import zmq
 from bench.frame_path import copies, mixed_requests
 from bench.gateway_bench import FEATURES, GATEWAY_TOML, pools_toml, restamp
 from bench.ingest_bench import prebuild
+from bench.steps import StackSampler, per_step, table
 from edgewire import FrameCodec, pb
 from gateway.config import load_config
 from gateway.server import Gateway
@@ -92,7 +103,14 @@ def batched_client(endpoint: str, n: int, frame: int, window: int, statuses: lis
 
 
 async def run(
-    requests: int, features: int, profile: bool, work: Path, frame: int = 1, window: int = 8
+    requests: int,
+    features: int,
+    profile: bool,
+    work: Path,
+    frame: int = 1,
+    window: int = 8,
+    steps: bool = False,
+    detail: int = 0,
 ) -> None:
     models = work / "models"
     write_demo_repository(models)
@@ -102,8 +120,12 @@ async def run(
     await gateway.start()
     endpoint = next(iter(gateway.carriers.values())).endpoint
     loop = asyncio.get_running_loop()
+    runs = [(WARM_UP, False, False), (requests, True, False)]
+    if steps:
+        runs.append((requests, True, True))
+    unsampled_us = 0.0
     try:
-        for n, timed in ((WARM_UP, False), (requests, True)):
+        for n, timed, sampled in runs:
             statuses: list[int] = []
             done = asyncio.Event()
 
@@ -118,11 +140,13 @@ async def run(
 
             thread = threading.Thread(target=drive, daemon=True)
             profiler = cProfile.Profile() if timed and profile else None
+            sampler = StackSampler(threading.get_native_id()) if sampled else None
             cpu, wall = time.thread_time(), time.perf_counter()
             if profiler is not None:
                 profiler.enable()
-            thread.start()
-            await done.wait()
+            with sampler or contextlib.nullcontext():
+                thread.start()
+                await done.wait()
             if profiler is not None:
                 profiler.disable()
             if not timed:
@@ -130,11 +154,20 @@ async def run(
             cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
             ok = sum(1 for s in statuses if s == pb.STATUS_OK)
             what = "lone realtime requests" if frame == 1 else f"requests in frames of {frame}"
+            cpu_us = cpu / len(statuses) * 1e6
+            how = " (profiled)" if profiler else f" (sampled, {sampler.taken} samples)" if sampler else ""
             print(
                 f"{n} {what}, {len(statuses)} answered ({ok} OK): gateway loop thread "
-                f"{cpu / len(statuses) * 1e6:.1f} us CPU per request{' (profiled)' if profiler else ''}, "
-                f"wall {wall / len(statuses) * 1e6:.1f} us"
+                f"{cpu_us:.1f} us CPU per request{how}, wall {wall / len(statuses) * 1e6:.1f} us"
             )
+            if sampler is not None:
+                print(
+                    f"sampler's cost: {cpu_us - unsampled_us:+.1f} us CPU per request "
+                    f"({cpu_us / unsampled_us - 1:+.1%}) over the unsampled run (the table's scale)\n"
+                )
+                print(table(per_step(sampler.stacks), unsampled_us, detail=detail))
+            else:
+                unsampled_us = cpu_us
             if profiler is not None:
                 stats = pstats.Stats(profiler)
                 stats.sort_stats("tottime").print_stats(40)
@@ -147,14 +180,28 @@ async def run(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--requests", type=int, default=3000)
-    parser.add_argument("--profile", action="store_true")
+    how = parser.add_mutually_exclusive_group()
+    how.add_argument("--profile", action="store_true", help="a cProfile of the loop thread (inflated)")
+    how.add_argument("--steps", action="store_true", help="sampled CPU per step (bench/steps.py)")
     parser.add_argument("--features", type=int, choices=(0, 1), default=1)
     parser.add_argument("--frame", type=int, default=1, help="requests per frame (1: lone realtime)")
     parser.add_argument("--window", type=int, default=8, help="frames in flight, with --frame > 1")
+    parser.add_argument("--detail", type=int, default=0, help="with --steps: the top N frames of each step")
     args = parser.parse_args(argv)
     features = FEATURES if args.features else 0
     with tempfile.TemporaryDirectory() as work:
-        uvloop.run(run(args.requests, features, args.profile, Path(work), args.frame, args.window))
+        uvloop.run(
+            run(
+                args.requests,
+                features,
+                args.profile,
+                Path(work),
+                args.frame,
+                args.window,
+                args.steps,
+                args.detail,
+            )
+        )
     return 0
 
 
