@@ -6,10 +6,12 @@ import asyncio
 from pathlib import Path
 
 import pytest
+import zmq
+import zmq.asyncio
 
 from edge_agent.agent import EdgeAgent
 from edge_agent.client import EdgeClient, SyncEdgeClient, default_caller_id
-from edgewire import new_id, pb
+from edgewire import FrameCodec, new_id, pb
 from gateway.testing import wait_for
 from tests.edge_agent.conftest import NOWHERE, agent_config, heavy_realtime
 
@@ -53,3 +55,29 @@ async def test_the_sync_client_caller_id_is_spooled_with_its_request(
     assert callers == [b"billing.host-2"]
     assert response.status == pb.STATUS_DEADLINE_EXCEEDED
     assert response.error_message == "deadline passed before an answer from Hong Kong"  # the agent's
+
+
+@pytest.mark.parametrize(("compress", "codec"), [(False, pb.CODEC_NONE), (True, pb.CODEC_ZSTD)])
+async def test_intake_frames_go_uncompressed_unless_asked(compress: bool, codec: int) -> None:
+    """The intake is a local hop: by default the client's frames carry the requests as they are (as the
+    agent's answers do); ``compress=True`` zstd-compresses them for a caller on a slow link. Either way
+    the frame decodes to the same requests."""
+    ctx = zmq.asyncio.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    requests = heavy_realtime(20)
+    try:
+        async with EdgeClient(f"tcp://127.0.0.1:{port}", compress=compress) as client:
+            call = asyncio.create_task(client.infer_many(requests, deadline_s=5))
+            caller, *frames = await asyncio.wait_for(router.recv_multipart(), 10)
+            call.cancel()
+        envelope = pb.Envelope.FromString(frames[0])
+        batch = FrameCodec().decode(frames).payload
+    finally:
+        router.close(0)
+        ctx.term()
+    assert caller == client.caller_id.encode()
+    assert envelope.codec == codec
+    assert isinstance(batch, pb.RequestBatch)
+    assert [r.request_id for r in batch.requests] == [r.request_id for r in requests]
