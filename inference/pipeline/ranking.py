@@ -889,7 +889,8 @@ def top_k_orders_sorted(
 def top_k_order(scores: np.ndarray, k: int) -> np.ndarray:
     """:func:`top_k_orders` of a batch of one request (all of ``scores``), in one sort: its ``k`` (0 = all)
     highest positions, highest first, equal scores in position order, NaN last."""
-    keys = np.fmax(scores, -np.inf)  # NaN -> -inf, as in top_k_orders
+    # NaN -> -inf, as in top_k_orders; not np.fmax, which lets a signalling NaN through on short arrays
+    keys = np.where(np.isnan(scores), -np.inf, scores)
     np.negative(keys, out=keys)
     order: np.ndarray = np.argsort(keys, kind="stable")
     return order[:k] if 0 < k < len(order) else order

@@ -199,6 +199,33 @@ def test_top_k_of_one_request_equals_the_batch_sort(own: list[float], k: int) ->
     assert lengths.tolist() == [len(chosen)]
 
 
+SIGNALLING_NAN = 0x7F800001
+"""The bits of a float32 NaN with the quiet bit clear (a model may write one). numpy's fmax let it through
+on short arrays (its scalar loop), so a lone request ranked it after -inf where its batch tied them."""
+
+score_bits = st.lists(
+    st.sampled_from(
+        [int(b) for b in np.array([0.0, -0.0, 0.5, -1.0, math.inf, -math.inf], np.float32).view(np.uint32)]
+        + [0x7FC00000, 0xFFC00000, SIGNALLING_NAN, 0xFF800001]  # quiet and signalling NaNs, either sign
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@given(bits=score_bits, k=st.integers(0, 45))
+def test_top_k_of_one_request_equals_the_batch_sort_for_any_nan(bits: list[int], k: int) -> None:
+    """Every NaN, signalling ones included, ranks with -inf, in position order, alone as in a batch."""
+    array = np.array(bits, dtype=np.uint32).view(np.float32)
+    chosen, _ = top_k_orders(array.copy(), [len(bits)], np.array([k], dtype=np.int64))
+    assert top_k_order(array.copy(), k).tolist() == chosen.tolist()
+
+
+def test_a_signalling_nan_ties_with_minus_infinity_alone() -> None:
+    array = np.array([SIGNALLING_NAN, 0xFF800000, 0x3F800000], dtype=np.uint32).view(np.float32)
+    assert top_k_order(array, 0).tolist() == [2, 0, 1]  # 1.0, then NaN and -inf in position order
+
+
 @settings(max_examples=40, deadline=None)
 @given(request=ranking_requests(), other=ranking_requests(most=12), own=scores, seed=st.integers(0, 2**16))
 def test_a_lone_requests_answer_is_its_answer_in_a_batch(
