@@ -309,10 +309,11 @@ async def test_black_holed_carrier_strands_no_answer(
                     lambda: uplink.inflight == len(ids) and uplink.stats.window_full > 0,
                     what="the second batch waiting for room in the send window",
                 )
-                victim = uplink.best()
-                assert victim is not None
-                # What the black-hole strands: the first batch's requests accepted on that carrier (a
-                # frame may have gone on another one while the agent measured its carriers).
+                # The carrier to black-hole: the one holding most of the first batch's requests (frames
+                # go on the agent's best carrier, which may change while it measures its carriers: the
+                # best one now may hold none of them). What the black-hole strands: those requests.
+                on = Counter(e.carrier for i in ids_of(first) if (e := uplink.outstanding.get(i)) is not None)
+                victim = uplink.carriers[on.most_common(1)[0][0]]
                 stranded = [
                     i for i in ids_of(first) if (e := uplink.outstanding.get(i)) and e.carrier == victim.name
                 ]
