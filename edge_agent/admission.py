@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 from collections import defaultdict
-from collections.abc import Collection, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
 import structlog
@@ -40,21 +40,6 @@ def durable_caller(caller: bytes) -> bytes:
     """The identity a restarted agent can answer: the caller's routing id, unless libzmq made it up (it
     starts with a zero byte and is not seen again after a reconnect); b"" then."""
     return caller if caller[:1] != b"\x00" else b""
-
-
-class _SpooledWire:
-    """``value in spooled``: whether a request's wire priority is of a class the spool keeps (unknown
-    values count as interactive, as ``wire_priority`` says)."""
-
-    __slots__ = ("_defined", "_known", "_other")
-
-    def __init__(self, classes: Collection[str]) -> None:
-        self._defined = frozenset(pb.PriorityClass.values())
-        self._known = frozenset(v for v in self._defined if wire_priority(v).value in classes)
-        self._other = wire_priority(-1).value in classes
-
-    def __contains__(self, value: object) -> bool:
-        return value in self._known or (self._other and value not in self._defined)
 
 
 class Route(enum.Enum):
@@ -91,8 +76,6 @@ class Admission:
         self._errors = errors
         self.reserved = 0  # spooled requests counted against the in-flight window, not yet submitted
         self.reattached = 0  # requests sent again by their caller and attached to what the agent held
-        # The wire priority values (any int a request may carry) of the classes the spool keeps.
-        self._spooled_wire = _SpooledWire(config.spool.classes)
 
     def take(self, caller: bytes, requests: list[pb.InferRequest]) -> Coroutine[Any, Any, None] | None:
         """Decide, spool, queue and send what a frame holds; the Ack goes back now, or, when requests of
@@ -118,7 +101,7 @@ class Admission:
                     self._callers.fail_fast(caller, request, "round_trip")
                 elif not self._uplink.has_room(self.reserved + len(direct) + len(spooled) + 1):
                     self._refuse(ack, request, "agent in-flight window full")
-                elif request.priority not in self._spooled_wire:
+                elif wire_priority(request.priority).value not in self._config.spool.classes:
                     direct.append(request)
                     self._callers.wait_for(request.request_id, caller, request.deadline_unix_us)
                 else:

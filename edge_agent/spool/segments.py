@@ -149,13 +149,7 @@ class SegmentFiles:
         assert segment.fd is not None  # the active segment is open for as long as it is active
         offset = segment.size
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(segment.fd, view) :]
-            if self._fsync == "always":
-                os.fsync(segment.fd)
-                if self._dir_dirty:
-                    self._fsync_directory()
+            self._append(segment.fd, data)
         except OSError:
             # A partial record may be on disk: account for it and seal the file, so the next append
             # starts a clean segment and recovery counts the tail as torn.
@@ -193,19 +187,14 @@ class SegmentFiles:
         segment = self.segments[self._held_seq]
         assert segment.fd is not None  # held bytes are the active segment's tail; it is still open
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(segment.fd, view) :]
-            if self._fsync == "always":
-                os.fsync(segment.fd)
-                if self._dir_dirty:
-                    self._fsync_directory()
+            self._append(segment.fd, data)
         except OSError as exc:
-            # Whatever reached the file before the error stays (recovery reads a torn tail as torn); an
-            # fsync that failed makes none of it durable.
-            end = os.fstat(segment.fd).st_size if not view else self._held_from + len(data) - len(view)
-            intact = self._held_from if not view else end
-            lost = self._held_from + len(data) - end
+            # Whatever reached the file before the error stays (recovery reads a torn tail as torn); when
+            # all of it did, the fsync failed, which makes none of it durable.
+            end = os.fstat(segment.fd).st_size
+            full = self._held_from + len(data)
+            intact = self._held_from if end >= full else end
+            lost = full - end
             segment.size -= lost
             self.disk_bytes -= lost
             try:
@@ -213,6 +202,16 @@ class SegmentFiles:
             except OSError as again:
                 raise HeldWriteError(segment.seq, intact, again) from exc
             raise HeldWriteError(segment.seq, intact, exc) from exc
+
+    def _append(self, fd: int, data: bytes) -> None:
+        """All of ``data`` to the end of the file, then the fsync the policy asks for each write."""
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if self._fsync == "always":
+            os.fsync(fd)
+            if self._dir_dirty:
+                self._fsync_directory()
 
     def _create(self, seq: int) -> Segment:
         path = self.path(seq)

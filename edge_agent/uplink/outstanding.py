@@ -77,7 +77,7 @@ class OutstandingTable:
         """Owe ``request`` an answer (``raw``: it serialized, when made already); False (nothing changes)
         when its id is already known."""
         rid = request.request_id
-        if rid in self._entries or rid in self._answered:
+        if self.knows(rid):
             return False
         self._entries[rid] = Outstanding(request, request.SerializeToString() if raw is None else raw)
         if request.deadline_unix_us:

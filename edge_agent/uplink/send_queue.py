@@ -17,13 +17,17 @@ LANES = (pb.PRIORITY_CLASS_REALTIME, pb.PRIORITY_CLASS_INTERACTIVE, pb.PRIORITY_
 
 @dataclass(slots=True)
 class NextFrame:
-    """What ``SendQueue.take`` chose: requests for one frame, ids past their deadline, and, when nothing
-    can go, how long until something may (a retry-after running out)."""
+    """What ``SendQueue.take`` chose: the outstanding entries for one frame, ids past their deadline, and,
+    when nothing can go, how long until something may (a retry-after running out)."""
 
-    requests: list[pb.InferRequest] = field(default_factory=list)
-    entries: list[Outstanding] = field(default_factory=list)  # of ``requests``, one each
+    entries: list[Outstanding] = field(default_factory=list)
     expired: list[bytes] = field(default_factory=list)
     wait_s: float | None = None
+
+    @property
+    def requests(self) -> list[pb.InferRequest]:
+        """The chosen entries' requests."""
+        return [e.request for e in self.entries]
 
 
 class SendQueue:
@@ -84,7 +88,7 @@ class SendQueue:
         size = 0
         taken: set[bytes] = set()
         for lane in self._lanes.values():
-            while lane and len(chosen.requests) < max_records and size < max_bytes:
+            while lane and len(chosen.entries) < max_records and size < max_bytes:
                 rid = lane.popleft()
                 entry = table.get(rid)
                 if entry is None or rid in taken:
@@ -96,9 +100,8 @@ class SendQueue:
                     chosen.expired.append(rid)
                     continue
                 taken.add(rid)
-                chosen.requests.append(entry.request)
                 chosen.entries.append(entry)
                 size += len(entry.raw)
-        if not chosen.requests:
+        if not chosen.entries:
             chosen.wait_s = self._later[0][0] - now if self._later else idle_wait_s
         return chosen
