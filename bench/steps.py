@@ -21,7 +21,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -218,12 +217,13 @@ class StackSampler:
         command += ["--threads", "--full-filenames", "--nolineno"]
         if not self._blocking:
             command.append("--nonblocking")
-        self._proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        time.sleep(0.5)  # attached (it reads the interpreter's state before the first sample)
-        if self._proc.poll() is not None:
-            raise RuntimeError(
-                f"py-spy did not start: {self._proc.stderr.read().decode() if self._proc.stderr else ''}"
-            )
+        self._proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert self._proc.stdout is not None
+        # py-spy says it samples once it has attached (its first line); when it cannot, it exits (EOF).
+        started = self._proc.stdout.readline()
+        if not started.startswith(b"py-spy> Sampling"):
+            _, err = self._proc.communicate(timeout=30)
+            raise RuntimeError(f"py-spy did not start: {(started + err).decode(errors='replace')}")
         return self
 
     def __exit__(
@@ -232,10 +232,10 @@ class StackSampler:
         assert self._proc is not None
         self._proc.send_signal(signal.SIGINT)  # py-spy writes its output when interrupted
         try:
-            self._proc.wait(timeout=30)
+            self._proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
             self._proc.kill()
-            self._proc.wait()
+            self._proc.communicate()
         if self._out.exists():
             self._read(self._out.read_text())
             self._out.unlink()

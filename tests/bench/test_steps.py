@@ -4,7 +4,6 @@ the sampled thread only; and a real py-spy run on a busy thread finds it."""
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 
 import pytest
@@ -53,37 +52,36 @@ def test_py_spy_raw_lines_of_the_sampled_thread_are_read_innermost_first() -> No
     assert "backend call" in table(steps, 100.0) and "100.0" in table(steps, 100.0)
 
 
-def busy_until(stop: float) -> int:
+def busy(rounds: int) -> int:
     n = 0
-    while time.monotonic() < stop:
+    for _ in range(rounds):
         n += 1
     return n
 
 
 def test_py_spy_samples_a_busy_thread_of_this_process() -> None:
-    """A real py-spy attached to this process sees the thread spin in ``busy_until``."""
-    ready, done = threading.Event(), threading.Event()
-    native: list[int] = []
+    """A real py-spy attached to this process sees the thread spin in ``busy`` (a fixed amount of work,
+    done while py-spy is attached: the sampler is entered before the work starts and left after it ends)."""
+    attached, finished = threading.Event(), threading.Event()
 
     def spin() -> None:
-        native.append(threading.get_native_id())
-        ready.set()
-        while not done.is_set():
-            busy_until(time.monotonic() + 0.05)
+        attached.wait(30)
+        busy(20_000_000)  # ~1 s of one core here: some hundreds of samples at 200 a second
+        finished.set()
 
     thread = threading.Thread(target=spin, daemon=True)
     thread.start()
-    ready.wait(5)
     try:
-        with StackSampler(native[0], rate=200) as sampler:
-            time.sleep(1.0)
+        with StackSampler(thread.native_id or 0, rate=200) as sampler:
+            attached.set()
+            assert finished.wait(120), "the busy thread did not finish its work"
     except RuntimeError as exc:  # a container without CAP_SYS_PTRACE: py-spy cannot read this process
         if "ermission" not in str(exc):
             raise
         pytest.skip(f"py-spy may not attach here: {exc}")
     finally:
-        done.set()
-        thread.join(5)
-    assert sampler.taken > 20
+        attached.set()
+        thread.join(120)
+    assert sampler.taken > 10
     innermost = Counter(stack[0][1] for stack in sampler.stacks.elements() if stack)
-    assert innermost.most_common(1)[0][0] == "busy_until", innermost
+    assert innermost.most_common(1)[0][0] == "busy", innermost
