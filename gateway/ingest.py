@@ -29,7 +29,6 @@ from gateway.frames.wire import request_spans
 from gateway.ingress.auth import AgentAuthenticator, AgentDirectory
 from gateway.ingress.budget import BUDGETED_KINDS, OVER_BUDGET, AgentBudgets, over_budget_ack
 from gateway.ingress.carrier import Carrier
-from gateway.ops.histograms import observe_many
 from gateway.ops.metrics import GatewayMetrics
 from gateway.replies import ReplyRouter
 from inference.profile import profile_of, wire_priority
@@ -165,7 +164,9 @@ class Ingest:
         """Handle one multipart message from a carrier's ROUTER: [routing id, envelope, payload]."""
         routing_id = frames[0].bytes
         body = [f.buffer for f in frames[1:]]
-        self._metrics.child(self._metrics.bytes_received, carrier.name).inc(sum(len(b) for b in body))
+        metrics = self._metrics
+        tally = metrics.tally
+        tally.inc(metrics.bytes_received, (carrier.name,), sum(len(b) for b in body))
         try:
             envelope = self._codec.decode_envelope(body)
         except FrameError as exc:
@@ -173,9 +174,7 @@ class Ingest:
                 self._capture.offer(carrier.name, "", "", body)
             self._reject(carrier, routing_id, body[0] if body else b"", exc)
             return
-        self._metrics.child(
-            self._metrics.frames_received, carrier.name, KIND_LABELS.get(envelope.kind, "other")
-        ).inc()
+        tally.inc(metrics.frames_received, (carrier.name, KIND_LABELS.get(envelope.kind, "other")))
         agent_id, region = self._identify(frames[1], envelope, carrier, routing_id)
         if self._capture is not None:
             self._capture.offer(carrier.name, agent_id or "", region, body)
@@ -324,12 +323,13 @@ class Ingest:
                 spans = [spans[index] for index in kept]
             self._route(frame, screened, now, ack, spans)
         metrics = self._metrics
-        metrics.child(metrics.accepted, frame.carrier.name).inc(len(ack.accepted_ids))
+        tally = metrics.tally
+        tally.inc(metrics.accepted, (frame.carrier.name,), len(ack.accepted_ids))
         region = metrics.region_label(frame.region)
         for (model, priority), n in self._requests_seen.items():
-            metrics.child(metrics.requests, region, metrics.model_label(model), priority.value).inc(n)
+            tally.inc(metrics.requests, (region, metrics.model_label(model), priority.value), n)
         for (tier, pool, reason), n in self._decisions_made.items():
-            metrics.child(metrics.decisions, tier.value, pool or "none", reason.value).inc(n)
+            tally.inc(metrics.decisions, (tier.value, pool or "none", reason.value), n)
         if self.dedupe.evicted_early != self._evicted_counted:
             metrics.dedupe_evicted.inc(self.dedupe.evicted_early - self._evicted_counted)
             self._evicted_counted = self.dedupe.evicted_early
@@ -558,8 +558,9 @@ class Ingest:
         response.timing.total_us = int(elapsed * 1e6)
         pool = response.pool or "none"
         metrics = self._metrics
-        metrics.child(metrics.responses, STATUS_LABELS[response.status], decision.tier.value, pool).inc()
-        metrics.child(metrics.latency, decision.tier.value, pool).observe(elapsed)
+        tier = decision.tier.value
+        metrics.tally.inc(metrics.responses, (STATUS_LABELS[response.status], tier, pool))
+        metrics.tally.observe(metrics.latency, (tier, pool), elapsed)
         rid = item.request.request_id
         retryable = response.status in (pb.STATUS_OVERLOADED, pb.STATUS_UNAVAILABLE)
         if retryable:
@@ -613,10 +614,11 @@ class Ingest:
         if self.responses.max_bytes:
             self.responses.put_many(answered, datas)
         counts, latencies = heads.totals()
+        tally = metrics.tally
         for (tier, pool), n in counts.items():
-            metrics.child(metrics.responses, STATUS_LABELS[pb.STATUS_OK], tier, pool).inc(n)
+            tally.inc(metrics.responses, (STATUS_LABELS[pb.STATUS_OK], tier, pool), n)
         for (tier, pool, elapsed), n in latencies.items():
-            observe_many(metrics.child(metrics.latency, tier, pool), elapsed, n)
+            tally.observe(metrics.latency, (tier, pool), elapsed, n)
         for (agent_id, carrier), batch in outbox.items():
             self._replies.respond_many(agent_id, batch, carrier)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 import structlog
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Gauge
 
 from edgewire import labels, pb
 from gateway.config import PoolDispatch
@@ -29,7 +29,6 @@ from gateway.dispatch.breaker import BreakerState, CircuitBreaker
 from gateway.dispatch.cpu import CpuStage, CpuTaskFailed
 from gateway.dispatch.eager import start_eagerly
 from gateway.dispatch.work import PRIORITY_ORDER, WorkItem
-from gateway.ops.histograms import observe_many
 from gateway.ops.metrics import GatewayMetrics
 from inference.backends.base import (
     Backend,
@@ -200,9 +199,8 @@ class PoolDispatcher:
         self._task_name = f"batch-{name}"
         # This pool's metric children, taken from metrics.child on first use (a series appears when it is
         # first written, as before) and kept here: a batch of one would otherwise pay a lookup each.
-        self._queue_wait: Histogram | None = None
-        self._batch_size: Histogram | None = None
-        self._ok_children: tuple[Gauge, Counter, Histogram] | None = None  # breaker_state, calls ok, latency
+        self._labels = (self.name,)  # this pool's metric labels
+        self._breaker_gauge: Gauge | None = None  # breaker_state of the backend, once it succeeded
         # Read when scraped, not set on every request.
         metrics.child(metrics.queue_depth, name).set_function(lambda: self._depth)
         metrics.child(metrics.inflight, name).set_function(lambda: len(self._inflight))
@@ -417,14 +415,12 @@ class PoolDispatcher:
             log.error("batch task failed", pool=self.name, exc_info=task.exception())
 
     def _expire(self, items: list[WorkItem], now: float) -> list[WorkItem]:
-        waited = self._queue_wait
-        if waited is None:
-            waited = self._queue_wait = self._metrics.child(self._metrics.queue_wait, self.name)
+        tally, waited, labels = self._metrics.tally, self._metrics.queue_wait, self._labels
         enqueued: dict[float, int] = {}  # a frame's slice was queued at one time: one observation per slice
         for item in items:
             enqueued[item.enqueued] = enqueued.get(item.enqueued, 0) + 1
         for at, n in enqueued.items():
-            observe_many(waited, now - at, n)
+            tally.observe(waited, labels, now - at, n)
         return self._unexpired(items, now)
 
     def _unexpired(self, items: list[WorkItem], now: float) -> list[WorkItem]:
@@ -633,10 +629,7 @@ class PoolDispatcher:
             # the order).
             timeout_s=None if deadline is None else deadline - time.monotonic(),
         )
-        batch_size = self._batch_size
-        if batch_size is None:
-            batch_size = self._batch_size = self._metrics.child(self._metrics.batch_size, self.name)
-        batch_size.observe(len(kept))
+        self._metrics.tally.observe(self._metrics.batch_size, self._labels, len(kept))
         try:
             result = await infer_within(self.backend, call, spec.max_batch_size)
         except BackendError as exc:
@@ -661,21 +654,15 @@ class PoolDispatcher:
 
     def _succeeded(self, infer_s: float, kept: list[WorkItem]) -> None:
         """A backend call that served ``kept`` in ``infer_s``: breaker, metrics, latency estimates."""
-        children = self._ok_children
-        first = children is None
-        if children is None:
-            metrics, backend = self._metrics, self.backend.name
-            children = self._ok_children = (
-                metrics.child(metrics.breaker_state, backend),
-                metrics.child(metrics.backend_calls, backend, "ok"),
-                metrics.child(metrics.backend_latency, backend),
-            )
-        if self.breaker.success() or first:
+        metrics, backend = self._metrics, self.backend.name
+        gauge = self._breaker_gauge
+        if self.breaker.success() or gauge is None:
             # Closed by this success (or the pool's first). A breaker that was closed already has its gauge
             # at CLOSED: every failure sets it to the breaker's state after it, and only a success closes it.
-            children[0].set(BreakerState.CLOSED)
-        children[1].inc()
-        children[2].observe(infer_s)
+            gauge = self._breaker_gauge = metrics.child(metrics.breaker_state, backend)
+            gauge.set(BreakerState.CLOSED)
+        metrics.tally.inc(metrics.backend_calls, (backend, "ok"))
+        metrics.tally.observe(metrics.backend_latency, (backend,), infer_s)
         per_item = infer_s / len(kept)
         alpha = self._alpha
         self._ewma_item_s = (
@@ -715,9 +702,8 @@ class PoolDispatcher:
     def _reject_inputs(self, items: Sequence[WorkItem], prepared: Prepared, spec: ModelSpec) -> None:
         if prepared.padded_elements:
             waste = 1.0 - prepared.real_elements / prepared.padded_elements
-            self._metrics.child(self._metrics.padding_waste, self._metrics.model_label(spec.name)).observe(
-                waste
-            )
+            metrics = self._metrics
+            metrics.tally.observe(metrics.padding_waste, (metrics.model_label(spec.name),), waste)
         if prepared.truncated:
             self._metrics.child(self._metrics.input_truncated, self._metrics.model_label(spec.name)).inc(
                 prepared.truncated

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 
+from gateway.ops.tally import Tally
 from routing.regions import REGION_NAMES, UNKNOWN_REGION
 
 # The _created series double the scrape for no use on a long-running daemon.
@@ -66,6 +67,8 @@ class GatewayMetrics:
 
     def __init__(self, models: Iterable[str]) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
+        # First in the registry: every collection adds the hot path's held counts before reading any series.
+        self.tally = Tally(registry=r)
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.model_label = LabelGuard(models)
         self.region_label = LabelGuard(REGION_NAMES, UNKNOWN_REGION)
