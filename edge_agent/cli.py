@@ -147,12 +147,13 @@ async def _serve(config: Any, args: argparse.Namespace) -> int:
     answered. SIGHUP reloads; a second SIGINT exits at once, skipping the drain."""
     from edge_agent.agent import EdgeAgent
     from edge_agent.drive import drive
-    from service.runtime import freeze_startup_objects
+    from service.runtime import collect_young_less_often, freeze_startup_objects
 
     agent = EdgeAgent(config)
     stop = asyncio.Event()
     await agent.start()  # serve() starts it too; started first, the start-up heap can be frozen
     freeze_startup_objects()  # full collections no longer scan the start-up heap (service/runtime.py)
+    collect_young_less_often()
     # What a supervisor (the demo, a test) reads to find this process's ports, like the gateway's
     # "gateway ready": the intake and HTTP ports chosen when the config asked for any free one.
     log.info(

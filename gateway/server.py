@@ -53,7 +53,7 @@ from routing.geo import RegionResolver
 from routing.holder import PolicyHolder
 from routing.types import Tier
 from service.logs import LogSettings
-from service.runtime import freeze_startup_objects
+from service.runtime import collect_young_less_often, freeze_startup_objects
 
 with optional_dependency("gateway"):
     import geoip2.database
@@ -387,6 +387,7 @@ class Gateway:
         """Run until ``stop`` is set, then drain and close."""
         await self.start()
         log.info("start-up objects frozen", objects=freeze_startup_objects())
+        collect_young_less_often()
         try:
             await stop.wait()
             await self.drain()

@@ -1,11 +1,11 @@
-"""Process-level settings: the start-up heap leaves the garbage collector's scans."""
+"""Process-level settings: the start-up heap leaves the collector's scans; young collections are rarer."""
 
 from __future__ import annotations
 
 import gc
 import weakref
 
-from service.runtime import freeze_startup_objects
+from service.runtime import YOUNG_THRESHOLD, collect_young_less_often, freeze_startup_objects
 
 
 class _Node:
@@ -30,3 +30,24 @@ def test_objects_alive_at_start_up_are_frozen_and_garbage_is_collected_first() -
     finally:
         gc.unfreeze()
     assert any(o is kept for o in gc.get_objects())
+
+
+def test_young_collections_come_after_the_larger_threshold_and_still_free_cycles() -> None:
+    before = gc.get_threshold()
+    try:
+        collect_young_less_often()
+        assert gc.get_threshold() == (YOUNG_THRESHOLD, before[1], before[2])
+        assert before[0] < YOUNG_THRESHOLD
+        gc.collect()
+        counts = []
+        for _ in range(YOUNG_THRESHOLD // 2):  # net allocations under the threshold: no young collection
+            counts.append([])
+        assert gc.get_count()[0] >= YOUNG_THRESHOLD // 2
+        cycle = _Node()
+        gone = weakref.ref(cycle)
+        del cycle
+        for _ in range(YOUNG_THRESHOLD):  # past it: a young collection ran and freed the cycle
+            counts.append([])
+        assert gone() is None
+    finally:
+        gc.set_threshold(*before)
