@@ -9,9 +9,9 @@ from typing import Any, Final, TypeVar
 
 T = TypeVar("T")
 
-YOUNG_THRESHOLD: Final = 7_000
+YOUNG_THRESHOLD: Final = 3_000
 """Container objects allocated (net of those freed) between two collections of the youngest generation:
-ten times CPython's default of 700 (gateway/ops notes in docs/BENCHMARKS.md)."""
+about four times CPython's default of 700 (see :func:`collect_young_less_often`)."""
 
 
 def run_main(main: Coroutine[Any, Any, T]) -> T:
@@ -42,13 +42,15 @@ def freeze_startup_objects() -> int:
 def collect_young_less_often() -> None:
     """Collect the youngest generation after :data:`YOUNG_THRESHOLD` net allocations instead of 700.
 
-    What a served request leaves alive for a while (its dedupe and response cache entries, an answer
-    waiting for its frame) counts as an allocation until it is freed: in frames of 100 the gateway's
-    loop ran a young collection every ~1,300 records, and the young and middle collections cost it ~0.9
-    us of CPU per record, ~2.5% (bench.lone_profile --frame 100, gc.callbacks). Each collection scans
-    what is alive in the generation, so ten times fewer of them scan the survivors fewer times: ~0.3 us
-    per record. A young collection then scans at most a few thousand objects (well under a millisecond);
-    cyclic garbage waits that much longer to be freed. The older generations keep their thresholds.
+    A frame of 100 requests keeps a few hundred containers alive at once while it is served (work items,
+    lists, answers), and 8 frames in flight crossed 700 every ~300 records: each young collection scanned
+    them, and with the middle generation's cost ~0.5 us of the gateway loop's CPU per record, ~1.7%
+    (bench.lone_profile --frame 100 with the start-up heap frozen, gc.callbacks timing the loop thread, per
+    100k records: 360 young and 32 middle collections, 0.05 s). At 1,500: 43 and 4 (0.017 s); at 3,000:
+    5 young (0.002 s); at 7,000: 1. Lone realtime requests make none at runtime either way. A young
+    collection then scans at most a few thousand objects (well under a millisecond); garbage held in
+    reference cycles waits that much longer to be freed, which 3,000 keeps to ~4x the default rather
+    than the 10x of 7,000. The older generations keep their thresholds.
     """
     _, middle, old = gc.get_threshold()
     gc.set_threshold(YOUNG_THRESHOLD, middle, old)

@@ -11,6 +11,7 @@ bucket whose bound is >= the amount, and the amount to the sum.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from collections.abc import Sequence
 from typing import Any
@@ -33,7 +34,8 @@ def observe_many(histogram: Histogram, amount: float, count: int) -> None:
             histogram.observe(amount)
         return
     total.inc(amount * count)
-    buckets[min(bisect_left(bounds, amount), len(buckets) - 1)].inc(count)
+    if not math.isnan(amount):  # NaN: in no bucket, as observe() does
+        buckets[min(bisect_left(bounds, amount), len(buckets) - 1)].inc(count)
 
 
 def add_observations(histogram: Histogram, total: float, counts: Sequence[float]) -> None:

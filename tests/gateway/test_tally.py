@@ -16,10 +16,12 @@ from gateway.ops.tally import Tally
 BUCKETS = (0.001, 0.01, 0.1, 1.0)
 
 
-def _pair() -> tuple[CollectorRegistry, Counter, Histogram, CollectorRegistry, Counter, Histogram]:
-    """The same metrics twice: one set fed directly, the other through a Tally registered first."""
+def _pair() -> tuple[CollectorRegistry, Counter, Histogram, CollectorRegistry, Counter, Histogram, Tally]:
+    """The same metrics twice: one set fed directly, the other through a Tally registered first (as
+    GatewayMetrics registers its own)."""
     direct = CollectorRegistry()
     held = CollectorRegistry()
+    tally = Tally(registry=held)
     return (
         direct,
         Counter("c", "c", ["pool", "kind"], registry=direct),
@@ -27,6 +29,7 @@ def _pair() -> tuple[CollectorRegistry, Counter, Histogram, CollectorRegistry, C
         held,
         Counter("c", "c", ["pool", "kind"], registry=held),
         Histogram("h", "h", ["pool"], buckets=BUCKETS, registry=held),
+        tally,
     )
 
 
@@ -46,13 +49,7 @@ def test_collection_shows_what_direct_calls_add(
 ) -> None:
     """Whatever the sequence, and wherever a collection falls within it, every collection reads what the
     same calls made directly on the children read (counts exact, sums to rounding)."""
-    direct, counter, histogram, held, held_counter, held_histogram = _pair()
-    tally = Tally()
-    held.unregister(held_counter)
-    held.unregister(held_histogram)
-    held.register(tally)  # first, as GatewayMetrics does
-    held.register(held_counter)
-    held.register(held_histogram)
+    direct, counter, histogram, held, held_counter, held_histogram, tally = _pair()
     for i, (kind, pool, value, n) in enumerate(events):
         if i == collect_at:
             assert _values(held) == pytest.approx(_values(direct))
@@ -149,3 +146,28 @@ def test_bucket_counts_must_match_the_histogram() -> None:
     histogram = Histogram("h", "h", buckets=BUCKETS, registry=CollectorRegistry())
     with pytest.raises(ValueError, match="bucket counts"):
         add_observations(histogram, 1.0, [1.0, 0.0])
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0, 0.001])
+def test_an_odd_value_lands_where_observe_puts_it(value: float) -> None:
+    """NaN in no bucket (the count does not move) and into the sum; +Inf in the last bucket; a negative
+    value in the first; a value on a bound in that bound's bucket: as Histogram.observe does."""
+    direct, _, histogram, held, _, held_histogram, tally = _pair()
+    histogram.labels("cpu").observe(value)
+    histogram.labels("cpu").observe(value)
+    tally.observe(held_histogram, ("cpu",), value, 2)
+    got, want = _values(held), _values(direct)
+    assert got.keys() == want.keys()
+    for key, expected in want.items():
+        assert got[key] == pytest.approx(expected, nan_ok=True), key
+
+
+def test_an_entry_that_cannot_be_added_keeps_no_other_from_being_added() -> None:
+    registry = CollectorRegistry()
+    tally = Tally(registry=registry)
+    counter = Counter("c", "c", ["pool"], registry=registry)
+    tally.inc(counter, ("cpu", "one label too many"))
+    tally.inc(counter, ("gpu",), 5)
+    with pytest.raises(ValueError, match="label"):
+        tally.flush()
+    assert registry.get_sample_value("c_total", {"pool": "gpu"}) == 5  # added; the bad entry is gone
