@@ -16,9 +16,9 @@ bounded by ``--requests``.
 inflation: the timed part runs twice, first as it is, then with py-spy sampling the loop thread about 1,000
 times a second from outside the interpreter (non-blocking); each busy sample goes to one step (receive &
 decode, screening, routing, queueing, CPU stage prepare and finish per pipeline kind, backend call,
-answers, replies & send, metrics, uvloop's own C work, other), and each step's share of the samples is
-scaled to the first run's CPU per request. Both runs' CPU per request are printed: their difference is
-what sampling cost the thread (and this machine's noise).
+answers, replies & send, metrics, C under the loop (uvloop's and the kernel's), other), and each step's
+share of the samples is scaled to the first run's CPU per request. Both runs' CPU per request are
+printed: their difference is what sampling cost the thread (and this machine's noise).
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ FINISH_OTHER = "CPU stage finish: other"
 ANSWERS = "answers"
 SEND = "replies & send"
 METRICS = "metrics"
-LOOP = "event loop (uvloop, C)"
+LOOP = "event loop & kernel (C under the loop)"
 OTHER = "other Python"
 
 STEPS: tuple[str, ...] = (
@@ -176,8 +176,9 @@ def step_of_frame(frame: Frame, rules: Sequence[tuple[str, Predicate]] = RULES) 
 
 def attribute(stack: Sequence[Frame], rules: Sequence[tuple[str, Predicate]] = RULES) -> str:
     """The step of a busy sample: ``stack`` innermost frame first. :data:`LOOP` when the innermost frame is
-    the loop's runner (uvloop's C code at work); else the step of the innermost frame a rule matches;
-    else :data:`OTHER`."""
+    the loop's runner: C under it, uvloop's own and the kernel's (epoll, the send's wake-up of ZeroMQ's
+    I/O thread, a futex when the GIL changes threads), which perf tells apart and py-spy cannot; else the
+    step of the innermost frame a rule matches; else :data:`OTHER`."""
     if not stack or stack[0][0].endswith(RUNNER):
         return LOOP
     for frame in stack:
