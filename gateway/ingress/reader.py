@@ -5,6 +5,13 @@ much as decoding the message. ZMQ_FD is edge-triggered: it fires when the socket
 messages wait, and any send or ZMQEVENTS read on the socket may consume the edge. So the reader drains
 until EAGAIN, a burst at a time, and every send on the socket schedules one more drain for the same tick
 (:meth:`EdgeReader.schedule`). Used by the carriers' ROUTERs and by both ends of the shards' link.
+
+At most one drain is pending at a time. Under a flood the FD fires on almost every loop iteration (each
+batch of messages ZeroMQ's I/O thread hands over raises an edge), while the burst that ran out of time is
+already queued to go on: draining on that edge too would put a second burst ahead of everything the
+first one queued (the batchers' passes, answers, timers), and then a third, so that a request read in a
+burst waited tens of milliseconds for its batch (measured: bench/budget_attack.py, a victim's p50 25 ms
+behind a bomb flood, 4.6 ms with one drain pending).
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ class EdgeReader:
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(self._sock.FD, self._read)
+        self._loop.add_reader(self._sock.FD, self._readable)
         self.reading = True
         self.schedule()  # messages may have arrived before the reader was added (no edge for them)
 
@@ -70,6 +77,11 @@ class EdgeReader:
             pending = True  # the drain meets the error and says so
         if pending:
             self.schedule()
+
+    def _readable(self) -> None:
+        """The FD fired: drain now, unless a drain is queued already (it reads what this edge announced)."""
+        if not self._scheduled:
+            self._read()
 
     def _read(self) -> None:
         self._scheduled = False
