@@ -180,7 +180,6 @@ class Ingest:
             self._capture.offer(carrier.name, agent_id or "", region, body)
         if agent_id is None:
             return
-        frame = _Frame(carrier, routing_id, envelope, agent_id, region)
         kind = envelope.kind
         now = self._clock()
         self._replies.seen(agent_id, carrier.name, routing_id, now, sent_us=envelope.sent_at_unix_us)
@@ -190,14 +189,15 @@ class Ingest:
             is_batch = kind == pb.MESSAGE_KIND_REQUEST_BATCH
             wait_s = self.budgets.admit(agent_id, inflated, now, control=not is_batch)
             if wait_s is not None:  # refused before decompression
-                # Counted and logged as every refusal; an empty envelope names no frame, so _reject sends
-                # no Ack of its own: the one here carries the retry-after.
-                self._reject(carrier, routing_id, b"", OVER_BUDGET, pb.Envelope())
+                # Counted and logged as every refusal, with no Ack of _reject's: the one here carries the
+                # retry-after.
+                self._reject(carrier, routing_id, b"", OVER_BUDGET, answer=False)
                 if is_batch and self.budgets.tell(agent_id, wait_s, now):
                     ack = over_budget_ack(envelope.message_id, wait_s)
                     control = self._codec.encode(ack, agent_id=agent_id, region="hk", dict_id=0)
                     self._replies.send_control(carrier, routing_id, control)
                 return
+        frame = _Frame(carrier, routing_id, envelope, agent_id, region)
         if kind == pb.MESSAGE_KIND_PING:
             self._answer_ping(frame, body[1])
         elif kind == pb.MESSAGE_KIND_REQUEST_BATCH:
@@ -647,18 +647,24 @@ class Ingest:
         header: bytes | memoryview,
         exc: FrameError,
         envelope: pb.Envelope | None = None,
+        *,
+        answer: bool = True,
     ) -> None:
-        """Count a refused frame; answer an Ack with frame_reject when the sender can be told which frame."""
-        self._metrics.child(self._metrics.frames_rejected, carrier.name, exc.label).inc()
-        suppressed = self._reject_log.allow(exc.label, self._clock())
+        """Count a refused frame; answer an Ack with frame_reject when the sender can be told which frame
+        (``answer`` false: the caller answers, or nobody does)."""
+        label = exc.label
+        self._metrics.tally.inc(self._metrics.frames_rejected, (carrier.name, label))
+        suppressed = self._reject_log.allow(label, self._clock())
         if suppressed is not None:
             log.info(
                 "frame rejected",
                 carrier=carrier.name,
-                reason=exc.label,
+                reason=label,
                 detail=exc.detail[:200],
                 suppressed_since_last=suppressed,
             )
+        if not answer:
+            return
         if envelope is None:
             if exc.reason in _BEFORE_ENVELOPE:
                 return
