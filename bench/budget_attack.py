@@ -1,6 +1,7 @@
 """One agent's decompression-bomb flood against another agent's latency, with the cost budget on and off.
 
-    python -m bench.budget_attack [--seconds 8] [--rate 200] [--declared-mib 32] [--write]
+    python -m bench.budget_attack [--seconds 8] [--rate 200] [--declared-mib 32] [--attacker-nice 0,19]
+        [--write]
 
 A gateway (its own process, null backend, loopback only) serves a *victim*: one realtime request per
 frame at ``--rate``/s, open loop, each latency measured from the request's scheduled send time (a stall
@@ -11,6 +12,11 @@ frame that is decompressed costs the event loop tens of milliseconds. Both with 
 defaults and with ``enabled = false``, each on a fresh gateway. Bounded: ``--seconds`` per phase, the
 attacker stops after ``--max-frames`` or when told, answers are waited for at most 10 s; a victim request
 still unanswered then counts as infinitely late (its p99 reads ``> 10 s``).
+
+``--attacker-nice``: the attacker's process runs at each of these nice values in turn. An attacker is a
+remote agent and does not take the gateway host's CPU; on a machine of two cores a full-rate attacker at
+normal priority takes one of them from the gateway, its ZeroMQ I/O thread and the victim's client, so its
+nice 19 run is the closer model of the gateway's own behaviour, and its nice 0 run what this box does.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import argparse
 import json
 import math
 import multiprocessing as mp
+import os
 import statistics
 import sys
 import tempfile
@@ -44,6 +51,7 @@ WAIT_S = 10.0  # the longest a victim request is waited for after the phase
 class Phase:
     budget: str
     attack: str  # none, N/s or full rate
+    attacker_nice: int  # the attacker process's nice value (0 also when there is no attacker)
     victim_sent: int
     victim_answered: int
     p50_ms: float
@@ -60,10 +68,18 @@ def bomb_body(declared: int) -> bytes:
 
 
 def attacker(
-    endpoint: str, declared: int, rate: float, max_frames: int, stop: Event, sent: Synchronized[int]
+    endpoint: str,
+    declared: int,
+    rate: float,
+    max_frames: int,
+    stop: Event,
+    sent: Synchronized[int],
+    nice: int = 0,
 ) -> None:
     """Send bombs on a DEALER at ``rate``/s (0: as fast as it takes them, blocking at its high-water mark),
-    reading and dropping whatever comes back, until ``stop`` or ``max_frames``."""
+    reading and dropping whatever comes back, until ``stop`` or ``max_frames``; at ``nice`` if not 0."""
+    if nice:
+        os.nice(nice)
     body = bomb_body(declared)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
@@ -163,9 +179,10 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run_pair(
-    work: Path, budget_enabled: bool, attack_rate: float, args: argparse.Namespace
+    work: Path, budget_enabled: bool, attack_rate: float, args: argparse.Namespace, nice: int = 0
 ) -> tuple[Phase, Phase]:
-    """On a fresh gateway: the victim unattacked, then attacked at ``attack_rate`` (0: full rate)."""
+    """On a fresh gateway: the victim unattacked, then attacked at ``attack_rate`` (0: full rate) by an
+    attacker at ``nice``."""
     requests = workload(500, seed=5)
     peer = start_gateway(work, budget_enabled)
     phases = []
@@ -179,7 +196,15 @@ def run_pair(
             if attack != "none":
                 proc = mp.Process(
                     target=attacker,
-                    args=(peer.endpoint, args.declared_mib << 20, attack_rate, args.max_frames, stop, sent),
+                    args=(
+                        peer.endpoint,
+                        args.declared_mib << 20,
+                        attack_rate,
+                        args.max_frames,
+                        stop,
+                        sent,
+                        nice,
+                    ),
                     daemon=True,
                 )
                 proc.start()
@@ -205,6 +230,7 @@ def run_pair(
                 Phase(
                     label,
                     attack,
+                    nice if attack != "none" else 0,
                     total,
                     sum(math.isfinite(x) for x in ms),
                     percentile(ms, 50),
@@ -233,16 +259,18 @@ def median(values: list[float]) -> float:
 def render(pairs: list[tuple[Phase, Phase]], args: argparse.Namespace) -> str:
     """One row per budget setting and attack: medians over the repeats (each a fresh gateway measuring
     its own unattacked baseline first), and the range of the per-repeat p99 ratios."""
-    groups: dict[tuple[str, str], list[tuple[Phase, Phase]]] = {}
+    groups: dict[tuple[str, str, int], list[tuple[Phase, Phase]]] = {}
     for base, attacked in pairs:
-        groups.setdefault((attacked.budget, attacked.attack), []).append((base, attacked))
+        key = (attacked.budget, attacked.attack, attacked.attacker_nice)
+        groups.setdefault(key, []).append((base, attacked))
     rows = []
-    for (budget, attack), runs in groups.items():
+    for (budget, attack, nice), runs in groups.items():
         ratios = [a.p99_ms / b.p99_ms for b, a in runs]
         rows.append(
             [
                 f"`[budget]` {budget}",
                 attack,
+                str(nice),
                 fmt_ms(median([b.p99_ms for b, _ in runs])),
                 fmt_ms(median([a.p50_ms for _, a in runs])),
                 fmt_ms(median([a.p99_ms for _, a in runs])),
@@ -261,6 +289,7 @@ def render(pairs: list[tuple[Phase, Phase]], args: argparse.Namespace) -> str:
     header = [
         "gateway",
         "attack",
+        "attacker nice",
         "victim p99 unattacked ms",
         "attacked p50 ms",
         "attacked p99 ms",
@@ -274,10 +303,11 @@ def render(pairs: list[tuple[Phase, Phase]], args: argparse.Namespace) -> str:
         "machine busy, unattacked / attacked",
     ]
     rates = ",".join(f"{r:g}" for r in args.attack_rates)
+    nices = ",".join(str(n) for n in args.attacker_nice)
     return (
         "## Per-agent cost budget under a decompression-bomb flood (issue 24 item 4)\n\n"
         f"Command: `python -m bench.budget_attack --seconds {args.seconds:g} --rate {args.rate:g} "
-        f"--attack-rates {rates} --repeat {args.repeat} --write`  \n"
+        f"--attack-rates {rates} --attacker-nice {nices} --repeat {args.repeat} --write`  \n"
         f"Measured {stamp()} on {machine()}.\n\n"
         f"A victim agent sends one realtime request per frame, open loop at {args.rate:g}/s for "
         f"{args.seconds:g} s (latency from the scheduled send time; unanswered {WAIT_S:g} s after the "
@@ -285,14 +315,17 @@ def render(pairs: list[tuple[Phase, Phase]], args: argparse.Namespace) -> str:
         f"sends frames of {len(bomb_body(args.declared_mib << 20)):,} bytes of zstd that honestly declare "
         f"{args.declared_mib} MiB of zeros (each one decompressed is then refused `payload_invalid`), at a "
         "fixed rate or as fast as its socket takes them (full rate), from 1 s before the victim's phase to "
-        "its end. Each repeat is a fresh gateway (null backend, the bench pools) that measures the victim "
+        "its end, its process at each 'attacker nice' value in turn. Each repeat is a fresh gateway (null "
+        "backend, the bench pools) that measures the victim "
         f"unattacked first, then attacked; figures are medians over {args.repeat} repeats, counts are per "
         "repeat. Everything, the attacker included, shares this machine's cores with whatever else runs on "
-        "it.\n\n"
+        "it: an attacker is a remote agent that takes none of the gateway host's CPU, so at nice 19 it "
+        "models that (it still runs, on what the gateway leaves), at nice 0 it takes a core the gateway "
+        "would otherwise have.\n\n"
         + table(header, rows)
         + "\n\n'decompressed': attacker frames the gateway decompressed (then refused `payload_invalid`); "
         "with the budget a 32 MiB frame costs a GiB of the bytes bucket (refilled at `bytes_per_s`), so "
-        "only the first of a phase's few seconds is, and it falls before the victim's phase. "
+        "one every 4 s is (the first in the second before the victim's phase). "
         "'gateway loop CPU': what the gateway's event-loop thread got "
         "per second of the phase; 'machine busy': all cores, whatever runs on them. At full rate the "
         "attacker keeps sending whatever is refused, so the gateway reads a frame, refuses it (no "
@@ -311,6 +344,12 @@ def main(argv: list[str] | None = None) -> int:
         default=[185.0, 0.0],
         help="bombs/s, comma-separated; 0 = full rate",
     )
+    parser.add_argument(
+        "--attacker-nice",
+        type=lambda text: [int(x) for x in text.split(",")],
+        default=[0],
+        help="the attacker process's nice values, comma-separated; each attack runs at each",
+    )
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--declared-mib", type=int, default=32)
     parser.add_argument("--max-frames", type=int, default=2_000_000)
@@ -325,8 +364,9 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.repeat):
             for enabled in (True, False):
                 for attack_rate in args.attack_rates:
-                    base, attacked = run_pair(Path(tmp), enabled, attack_rate, args)
-                    pairs.append((base, attacked))
+                    for nice in args.attacker_nice:
+                        base, attacked = run_pair(Path(tmp), enabled, attack_rate, args, nice)
+                        pairs.append((base, attacked))
     report = render(pairs, args)
     print(json.dumps([[asdict(b), asdict(a)] for b, a in pairs], indent=2) if args.json else report)
     if args.write:
