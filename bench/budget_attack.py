@@ -56,6 +56,10 @@ class Phase:
     victim_answered: int
     p50_ms: float
     p99_ms: float
+    gateway_p50_ms: (
+        float  # the answers' ServerTiming.total_us: the gateway's receipt of the request to its reply
+    )
+    gateway_p99_ms: float
     attack_frames: int  # sent by the attacker in the phase
     attack_decompressed: int  # of them, refused only after decompression (payload_invalid)
     attack_refused: int  # over_budget, before decompression
@@ -162,14 +166,31 @@ def rejected(peer: Peer) -> dict[str, float]:
     return out
 
 
+class VictimTracker(Tracker):
+    """Also keeps what each answer says the gateway took (``timing.total_us``: from the request's receipt,
+    decoded, to its reply), so that a latency can be split into the gateway's part and the rest (the
+    ZeroMQ hops, the kernel, waiting for a core, the reader's turn before the frame was decoded)."""
+
+    def __init__(self) -> None:
+        super().__init__(FrameCodec(), is_gateway=True)
+        self.gateway_s: list[float] = []
+
+    def received(self, frames: list[bytes], at: float) -> None:
+        super().received(frames, at)
+        payload = self.codec.decode(frames).payload
+        if isinstance(payload, pb.ResponseBatch):
+            self.gateway_s.extend(r.timing.total_us / 1e6 for r in payload.responses)
+
+
 def victim_phase(
     peer: Peer, requests: list[pb.InferRequest], rate: float, seconds: float
-) -> tuple[int, list[float]]:
-    """Open loop on the victim's DEALER; (requests sent, latencies in seconds, inf for unanswered)."""
-    tracker = Tracker(FrameCodec(), is_gateway=True)
+) -> tuple[int, list[float], list[float]]:
+    """Open loop on the victim's DEALER; (requests sent, latencies in seconds, inf for unanswered, the
+    gateway's part of each answered one)."""
+    tracker = VictimTracker()
     open_loop_drive(peer, requests, rate, seconds, tracker, agent_id="victim", budget_s=30.0, wait_s=WAIT_S)
     total = int(rate * seconds)
-    return total, tracker.latencies + [math.inf] * len(tracker.sent_at)
+    return total, tracker.latencies + [math.inf] * len(tracker.sent_at), tracker.gateway_s
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -214,7 +235,7 @@ def run_pair(
                 machine_ticks(),
                 time.perf_counter(),
             )
-            total, lat = victim_phase(peer, requests, args.rate, args.seconds)
+            total, lat, gateway_s = victim_phase(peer, requests, args.rate, args.seconds)
             elapsed = time.perf_counter() - started
             loop_cpu = (loop_cpu_s(peer.proc.pid) - cpu_before) / elapsed
             ticks_after = machine_ticks()
@@ -235,6 +256,8 @@ def run_pair(
                     sum(math.isfinite(x) for x in ms),
                     percentile(ms, 50),
                     percentile(ms, 99),
+                    percentile([x * 1000 for x in gateway_s] or [math.inf], 50),
+                    percentile([x * 1000 for x in gateway_s] or [math.inf], 99),
                     sent.value,
                     int(after.get("payload_invalid", 0) - before.get("payload_invalid", 0)),
                     int(after.get("over_budget", 0) - before.get("over_budget", 0)),
@@ -248,8 +271,12 @@ def run_pair(
     return phases[0], phases[1]
 
 
-def fmt_ms(value: float) -> str:
-    return f"> {WAIT_S:.0f} s" if math.isinf(value) else f"{value:.1f}"
+def fmt_ms(value: float, digits: int = 1) -> str:
+    return f"> {WAIT_S:.0f} s" if math.isinf(value) else f"{value:.{digits}f}"
+
+
+def ratio(value: float) -> str:
+    return "inf" if math.isinf(value) or math.isnan(value) else f"{value:.1f}x"
 
 
 def median(values: list[float]) -> float:
@@ -276,6 +303,10 @@ def render(pairs: list[tuple[Phase, Phase]], args: argparse.Namespace) -> str:
                 fmt_ms(median([a.p99_ms for _, a in runs])),
                 "inf" if math.isinf(median(ratios)) else f"{median(ratios):.1f}x",
                 ", ".join("inf" if math.isinf(r) else f"{r:.1f}x" for r in ratios),
+                " / ".join(
+                    fmt_ms(median([p.gateway_p99_ms for p in side]), 2) for side in zip(*runs, strict=True)
+                ),
+                ratio(median([a.gateway_p99_ms / b.gateway_p99_ms for b, a in runs])),
                 f"{sum(a.victim_answered for _, a in runs):,} / {sum(a.victim_sent for _, a in runs):,}",
                 f"{sum(a.attack_frames for _, a in runs) // len(runs):,}",
                 f"{sum(a.attack_decompressed for _, a in runs) / len(runs):g}",
@@ -295,6 +326,8 @@ def render(pairs: list[tuple[Phase, Phase]], args: argparse.Namespace) -> str:
         "attacked p99 ms",
         "p99 / unattacked",
         "per repeat",
+        "gateway's part p99 ms, unattacked / attacked",
+        "gateway's part p99 / unattacked",
         "victim answered",
         "bombs sent",
         "decompressed",
@@ -326,6 +359,10 @@ def render(pairs: list[tuple[Phase, Phase]], args: argparse.Namespace) -> str:
         + "\n\n'decompressed': attacker frames the gateway decompressed (then refused `payload_invalid`); "
         "with the budget a 32 MiB frame costs a GiB of the bytes bucket (refilled at `bytes_per_s`), so "
         "one every 4 s is (the first in the second before the victim's phase). "
+        "'gateway's part': what the victim's answers say the gateway took (`timing.total_us`, from the "
+        "request's receipt, decoded, to its reply); the rest of a victim's latency is the ZeroMQ hops both "
+        "ways, the reader's turn before its frame is decoded, and waiting for a core (here the victim's "
+        "client, the gateway's ZeroMQ I/O thread and the attacker share what the loop leaves). "
         "'gateway loop CPU': what the gateway's event-loop thread got "
         "per second of the phase; 'machine busy': all cores, whatever runs on them. At full rate the "
         "attacker keeps sending whatever is refused, so the gateway reads a frame, refuses it (no "
