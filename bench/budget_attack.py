@@ -256,8 +256,8 @@ def run_pair(
                     sum(math.isfinite(x) for x in ms),
                     percentile(ms, 50),
                     percentile(ms, 99),
-                    percentile([x * 1000 for x in gateway_s] or [math.inf], 50),
-                    percentile([x * 1000 for x in gateway_s] or [math.inf], 99),
+                    percentile([x * 1000 for x in gateway_s], 50) if gateway_s else math.nan,
+                    percentile([x * 1000 for x in gateway_s], 99) if gateway_s else math.nan,
                     sent.value,
                     int(after.get("payload_invalid", 0) - before.get("payload_invalid", 0)),
                     int(after.get("over_budget", 0) - before.get("over_budget", 0)),
@@ -272,11 +272,20 @@ def run_pair(
 
 
 def fmt_ms(value: float, digits: int = 1) -> str:
+    """Milliseconds; inf is a request never answered, NaN a figure with nothing to measure (no answers)."""
+    if math.isnan(value):
+        return "n/a"
     return f"> {WAIT_S:.0f} s" if math.isinf(value) else f"{value:.{digits}f}"
 
 
-def ratio(value: float) -> str:
-    return "inf" if math.isinf(value) or math.isnan(value) else f"{value:.1f}x"
+def gateway_ratio(runs: list[tuple[Phase, Phase]]) -> str:
+    """The median over the repeats of attacked / unattacked gateway's-part p99, of the repeats with both."""
+    ratios = [
+        a.gateway_p99_ms / b.gateway_p99_ms
+        for b, a in runs
+        if math.isfinite(a.gateway_p99_ms) and math.isfinite(b.gateway_p99_ms) and b.gateway_p99_ms > 0
+    ]
+    return f"{median(ratios):.1f}x" if ratios else "n/a"
 
 
 def median(values: list[float]) -> float:
@@ -304,9 +313,15 @@ def render(pairs: list[tuple[Phase, Phase]], args: argparse.Namespace) -> str:
                 "inf" if math.isinf(median(ratios)) else f"{median(ratios):.1f}x",
                 ", ".join("inf" if math.isinf(r) else f"{r:.1f}x" for r in ratios),
                 " / ".join(
-                    fmt_ms(median([p.gateway_p99_ms for p in side]), 2) for side in zip(*runs, strict=True)
+                    fmt_ms(
+                        median(
+                            [p.gateway_p99_ms for p in side if not math.isnan(p.gateway_p99_ms)] or [math.nan]
+                        ),
+                        2,
+                    )
+                    for side in zip(*runs, strict=True)
                 ),
-                ratio(median([a.gateway_p99_ms / b.gateway_p99_ms for b, a in runs])),
+                gateway_ratio(runs),
                 f"{sum(a.victim_answered for _, a in runs):,} / {sum(a.victim_sent for _, a in runs):,}",
                 f"{sum(a.attack_frames for _, a in runs) // len(runs):,}",
                 f"{sum(a.attack_decompressed for _, a in runs) / len(runs):g}",
@@ -327,7 +342,7 @@ def render(pairs: list[tuple[Phase, Phase]], args: argparse.Namespace) -> str:
         "p99 / unattacked",
         "per repeat",
         "gateway's part p99 ms, unattacked / attacked",
-        "gateway's part p99 / unattacked",
+        "gateway's part p99 / unattacked (median of repeats)",
         "victim answered",
         "bombs sent",
         "decompressed",
@@ -393,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if min(args.attacker_nice) < 0 and os.geteuid() != 0:
+        parser.error("a negative --attacker-nice needs root (the attacker would die at its start)")
     code = reexec_in_namespace("bench.budget_attack", sys.argv[1:] if argv is None else argv)
     if code is not None:
         return code

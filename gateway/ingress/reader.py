@@ -11,7 +11,7 @@ batch of messages ZeroMQ's I/O thread hands over raises an edge), while the burs
 already queued to go on: draining on that edge too would put a second burst ahead of everything the
 first one queued (the batchers' passes, answers, timers), and then a third, so that a request read in a
 burst waited tens of milliseconds for its batch (measured: bench/budget_attack.py, a victim's p50 25 ms
-behind a bomb flood, 4.6 ms with one drain pending).
+behind a bomb flood, 4-5 ms with one drain pending).
 """
 
 from __future__ import annotations
@@ -29,8 +29,12 @@ READ_BUDGET_S = 0.0005
 burst always reads at least one message), then lets everything else on the loop run: a burst of large
 frames must not keep the CPU workers' answers, and so the workers, waiting, and a request read at the
 start of a burst waits for its batcher's pass behind the rest of the burst. 0.5 ms rather than 2 ms: a
-victim's p50 behind a full-rate bomb flood 1.9 ms instead of 4.7 ms (bench/budget_attack.py), while
-batched throughput and a lone request's CPU stayed within noise (bench/frame_path.py, both orders)."""
+victim's p50 behind a full-rate bomb flood 1.9 ms instead of 4.7 ms (bench/budget_attack.py), while a
+lone request's CPU stayed within noise (bench/frame_path.py, both orders). Fewer frames are read between
+two passes of a batcher, so batches came out smaller in bench/frame_path.py (null backend): its cpu pool's
+14.5 requests on average instead of 27, all then under ``inline_max_requests`` and run on the loop instead
+of the CPU workers; the process tree's CPU per record 33.5-34 us instead of 39-41, the loop's about the
+same, records/s the same (not measured with a backend that takes time)."""
 
 
 class EdgeReader:
@@ -65,8 +69,8 @@ class EdgeReader:
     def schedule(self) -> None:
         """Drain once more this tick: after a send, or a ZMQEVENTS read, which may consume the edge."""
         if not self._scheduled and self._loop is not None and self.reading:
-            self._scheduled = True
             self._loop.call_soon(self._read)
+            self._scheduled = True  # after call_soon: a closed loop's raise leaves no edge muted
 
     def after_send(self) -> None:
         """A send on the socket may have taken its FD's edge: drain this tick if a message waits. Asking

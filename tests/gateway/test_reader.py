@@ -5,8 +5,9 @@ ROUTER much faster than the reader's handler takes the messages (so the socket n
 second DEALER there sends now and then (the edges a busy
 carrier's FD raises). Every so often the handler queues a callback with ``call_soon``, as the frame path
 queues a batcher's pass; the callback notes how many messages were delivered between its queueing and its
-run. With one drain pending at a time that is at most the rest of the burst it was queued in; a second
-drain started on the FD's edge while one is queued puts whole bursts ahead of it.
+run. With one drain pending at a time that is at most the rest of the burst it was queued in (and one
+burst more when the socket ran dry in between); a second drain started on the FD's edge while one is
+queued puts whole bursts ahead of it.
 """
 
 from __future__ import annotations
@@ -114,5 +115,8 @@ def test_work_queued_in_a_burst_runs_before_the_next_burst_under_a_flood() -> No
         router.close(0)
         ctx.term()
     assert len(behind) >= MARKS
-    # Queued in a burst, run once that burst ends: only the rest of that burst was delivered before it.
-    assert max(behind) < BURST, sorted(behind)[-10:]
+    # Queued in a burst, run once that burst ends: only the rest of that burst was delivered before it, or,
+    # when the burst ran the socket dry (the sender stalled on a loaded machine), that and the one burst the
+    # next edge may start before the loop runs its queue. Whole bursts stacked ahead (the old reader: 76-110
+    # behind here) are more than that.
+    assert max(behind) < 2 * BURST, sorted(behind)[-10:]
