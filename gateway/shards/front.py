@@ -350,19 +350,29 @@ class Front:
             return
         head = frames[1].bytes
         kind = head[:1]
-        if kind == STATUS and len(frames) == 3:
-            shard.status = json.loads(frames[2].bytes)
-            shard.status_at = time.monotonic()
-            shard.reported = True
-        elif kind == METRICS and len(frames) == 4:
-            shard.metrics_text = frames[3].bytes.decode()
-            shard.answered = int(frames[2].bytes)
-            if self._scraped is not None and all(
-                s.answered >= self._scrape_id for s in self._shards if s.process.alive and s.reported
-            ):
-                self._scraped.set()
-        else:
-            log.error("unexpected message on the link", shard=shard.process.index, head=head[:8].hex())
+        try:
+            if kind == STATUS and len(frames) == 3:
+                status = json.loads(frames[2].bytes)
+                if not isinstance(status, dict):
+                    raise ValueError(f"a status is a JSON object, not {type(status).__name__}")
+                shard.status = status
+                shard.status_at = time.monotonic()
+                shard.reported = True
+            elif kind == METRICS and len(frames) == 4:
+                text, answered = frames[3].bytes.decode(), int(frames[2].bytes)
+                shard.metrics_text, shard.answered = text, answered
+                if self._scraped is not None and all(
+                    s.answered >= self._scrape_id for s in self._shards if s.process.alive and s.reported
+                ):
+                    self._scraped.set()
+            else:
+                log.error("unexpected message on the link", shard=shard.process.index, head=head[:8].hex())
+        except ValueError as exc:  # JSON, int() and UTF-8 errors: one bad message, not the link's end
+            # Raised, it would leave the rest of the link's queue unread until the next edge (the loop's
+            # reader) or cut short the read before the shards exit (_read_link_dry, at drain).
+            log.error(
+                "malformed message on the link", shard=shard.process.index, kind=kind.hex(), error=str(exc)
+            )
 
     def _link_failed(self, exc: zmq.ZMQError) -> None:
         log.error("shard link receive failed", error=repr(exc))
