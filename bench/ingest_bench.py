@@ -74,11 +74,13 @@ PLOTS = BENCHMARKS_MD.parent / "bench"
 
 
 class TierTracker(Tracker):
-    """Also keeps each answered request's tier and latency."""
+    """Also keeps each answered request's tier and latency, and the gateway's part of it (the answer's
+    ``timing.total_us``: from the request's receipt, decoded, to its reply)."""
 
     def __init__(self, codec: FrameCodec, is_gateway: bool) -> None:
         super().__init__(codec, is_gateway)
         self.by_tier: dict[str, list[float]] = defaultdict(list)
+        self.gateway_s: list[float] = []
 
     def received(self, frames: list[bytes], at: float) -> None:
         if self.is_gateway:
@@ -88,6 +90,7 @@ class TierTracker(Tracker):
                     if r.request_id in self.sent_at:
                         tier = pb.Tier.Name(r.tier).removeprefix("TIER_").lower()
                         self.by_tier[tier].append(at - self.sent_at[r.request_id])
+                        self.gateway_s.append(r.timing.total_us / 1e6)
         super().received(frames, at)
 
 
@@ -107,6 +110,7 @@ def open_loop(peer: Peer, requests: list[pb.InferRequest], rate: float, seconds:
         "p99_ms": float(np.percentile(lat, 99)) if len(lat) else float("nan"),
         "latencies_ms": lat.tolist(),
         "by_tier_ms": {t: (np.array(v) * 1e3).tolist() for t, v in tracker.by_tier.items()},
+        "gateway_ms": (np.array(tracker.gateway_s) * 1e3).tolist(),
     }
 
 
