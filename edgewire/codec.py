@@ -288,13 +288,29 @@ class FrameCodec:
 
     def decode_payload_bytes(self, envelope: pb.Envelope, body: Buffer) -> tuple[Message, Buffer]:
         """:meth:`decode_payload`, and the bytes it parsed (decompressed, or ``body`` itself)."""
-        declared = envelope.uncompressed_length
+        raw = self.inflate(envelope, body)
+        return self.parse_payload(envelope, raw), raw
+
+    def inflate(
+        self,
+        envelope: pb.Envelope,
+        body: Buffer,
+        decompressors: dict[int, zstd.ZstdDecompressor] | None = None,
+    ) -> Buffer:
+        """Frame 1 of a checked envelope as the bytes its payload is parsed from: decompressed (bounded by
+        the declared length) or, raw, ``body`` itself once its length agrees.
+
+        ``decompressors``: a cache of this caller's own, for a thread other than the codec's (a
+        ZstdDecompressor is not to be shared between threads; libzstd releases the GIL while it works)."""
         if envelope.codec == pb.CODEC_ZSTD:
-            raw: Buffer = self._decompress(envelope, body)
-        else:
-            if len(body) != declared:
-                raise FrameError(pb.REJECT_REASON_LENGTH_MISMATCH, f"{len(body)} bytes, declared {declared}")
-            raw = body
+            return self._decompress(envelope, body, decompressors)
+        declared = envelope.uncompressed_length
+        if len(body) != declared:
+            raise FrameError(pb.REJECT_REASON_LENGTH_MISMATCH, f"{len(body)} bytes, declared {declared}")
+        return body
+
+    def parse_payload(self, envelope: pb.Envelope, raw: Buffer) -> Message:
+        """The payload message of a checked envelope from its inflated bytes (:meth:`inflate`)."""
         cls = PAYLOAD_TYPES[envelope.kind]
         try:
             payload = cls.FromString(cast(bytes, raw))
@@ -305,9 +321,14 @@ class FrameCodec:
             raise FrameError(
                 pb.REJECT_REASON_RECORD_COUNT_MISMATCH, f"{count} records, declared {envelope.record_count}"
             )
-        return payload, raw
+        return payload
 
-    def _decompress(self, envelope: pb.Envelope, body: Buffer) -> bytes:
+    def _decompress(
+        self,
+        envelope: pb.Envelope,
+        body: Buffer,
+        decompressors: dict[int, zstd.ZstdDecompressor] | None = None,
+    ) -> bytes:
         declared = envelope.uncompressed_length
         # libzstd reads a skippable frame's content size as 0: without this check such a payload would be
         # refused as a length mismatch, which names the wrong fault.
@@ -334,7 +355,8 @@ class FrameCodec:
                 f"zstd window {window} over {self.limits.max_window_bytes}",
             )
         try:
-            raw = self._decompressor(envelope.dict_id).decompress(body, allow_extra_data=False)
+            decompressor = self._decompressor(envelope.dict_id, decompressors)
+            raw = decompressor.decompress(body, allow_extra_data=False)
         except zstd.ZstdError as exc:
             raise FrameError(pb.REJECT_REASON_DECOMPRESSION_FAILED, str(exc)) from exc
         if len(raw) != declared:
@@ -343,8 +365,11 @@ class FrameCodec:
             )
         return bytes(raw)
 
-    def _decompressor(self, dict_id: int) -> zstd.ZstdDecompressor:
-        decompressor = self._decompressors.get(dict_id)
+    def _decompressor(
+        self, dict_id: int, cache: dict[int, zstd.ZstdDecompressor] | None = None
+    ) -> zstd.ZstdDecompressor:
+        cache = self._decompressors if cache is None else cache
+        decompressor = cache.get(dict_id)
         if decompressor is None:
             dictionary = self.dictionaries.get(dict_id) if dict_id else None
             if dict_id and dictionary is None:
@@ -352,5 +377,5 @@ class FrameCodec:
             decompressor = zstd.ZstdDecompressor(
                 dict_data=dictionary, max_window_size=self.limits.max_window_bytes
             )
-            self._decompressors[dict_id] = decompressor
+            cache[dict_id] = decompressor
         return decompressor

@@ -134,6 +134,11 @@ class LimitsConfig(_Section):
     max_decompressed_bytes: int = Field(default=32 << 20, ge=1024)
     max_records: int = Field(default=1024, ge=1)
     max_parameters: int = Field(default=16, ge=0)
+    # A zstd payload declaring at least this many bytes is inflated on a thread of its own, not on the event
+    # loop (gateway/ingress/inflate.py); 0 = always on the loop. Above the agents' batching.max_bytes
+    # (1 MiB), so only frames no agent's batching sends (and decompression bombs) take the hop.
+    inflate_off_loop_bytes: int = Field(default=2 << 20, ge=0)
+    inflate_off_loop_max_pending: int = Field(default=4, ge=1)  # beyond it, inflated on the loop
 
 
 class ZmqConfig(_Section):

@@ -7,6 +7,7 @@ backend call) happen later in the pool dispatchers.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -17,6 +18,7 @@ import zmq
 from google.protobuf.message import Message
 
 from edgewire import FrameCodec, FrameError, is_valid_id, labels, now_unix_us, pb
+from edgewire.codec import Buffer
 from gateway.capture.recorder import CaptureRecorder
 from gateway.config import GatewayConfig
 from gateway.dedupe import DedupeWindow, RequestState, ResponseCache
@@ -29,6 +31,7 @@ from gateway.frames.wire import request_spans
 from gateway.ingress.auth import AgentAuthenticator, AgentDirectory
 from gateway.ingress.budget import BUDGETED_KINDS, OVER_BUDGET, AgentBudgets, over_budget_ack
 from gateway.ingress.carrier import Carrier
+from gateway.ingress.inflate import OffLoopInflater
 from gateway.ops.metrics import GatewayMetrics
 from gateway.replies import ReplyRouter
 from inference.profile import profile_of, wire_priority
@@ -151,7 +154,13 @@ class Ingest:
         self._retry_after_ms = config.replies.retry_after_ms
         self._reject_log = LogSampler(interval_s=1.0)
         self.budgets = AgentBudgets(config.budget, clock)  # each agent's decompressed bytes and decode time
+        limits = config.limits
+        self.inflater = OffLoopInflater(
+            codec, limits.inflate_off_loop_bytes, limits.inflate_off_loop_max_pending
+        )
+        self._closed = False
         metrics.dedupe_entries.set_function(lambda: len(self.dedupe))
+        metrics.inflate_pending.set_function(lambda: self.inflater.pending)
         # Per-request counts of the frame being handled (cleared as each frame starts), added to the metrics
         # once per frame; keyed by the raw values (model name, enums), made label values once per key.
         self._requests_seen: dict[tuple[str, Priority], int] = {}
@@ -201,7 +210,7 @@ class Ingest:
         if kind == pb.MESSAGE_KIND_PING:
             self._answer_ping(frame, body[1])
         elif kind == pb.MESSAGE_KIND_REQUEST_BATCH:
-            self._take_batch(frame, body[1])
+            self._take_batch(frame, body[1], budgeted)
         elif kind == pb.MESSAGE_KIND_DICTIONARY_REQUEST:
             self._answer_dictionary(frame, body[1])
         else:
@@ -299,15 +308,51 @@ class Ingest:
 
     # ------------------------------------------------------------------ requests
 
-    def _take_batch(self, frame: _Frame, body: memoryview) -> None:
+    def _take_batch(self, frame: _Frame, body: memoryview, budgeted: bool) -> None:
         """A request batch, per frame: screened request by request (ids, duplicates, model, limits,
         deadline, drain), then routed and queued per group of requests routing sees alike
         (gateway/frames/groups.py), each group one slice of a pool queue; one Ack."""
+        if self.inflater.takes(frame.envelope):
+            self._take_batch_off_loop(frame, body, budgeted)
+            return
         decoded = self._decoded(frame, body)
         if decoded is None or not isinstance(decoded[0], pb.RequestBatch):
             return
-        batch, payload = decoded
+        self._take_decoded(frame, decoded[0], decoded[1])
+
+    def _take_batch_off_loop(self, frame: _Frame, body: memoryview, budgeted: bool) -> None:
+        """A large zstd batch (gateway/ingress/inflate.py): decompressed on the inflater's thread while the
+        loop goes on, then parsed and taken here as any other. Its bytes are charged to the agent now, as
+        admitted (the agent's next frame is admitted against them); its decode time when it is back."""
+        if budgeted:
+            self.budgets.charge(frame.agent_id, frame.envelope.uncompressed_length, 0.0)
+        metrics = self._metrics
+        metrics.tally.inc(metrics.inflated_off_loop, (frame.carrier.name,))
+        self.inflater.submit(frame.envelope, body, functools.partial(self._inflated, frame, budgeted))
+
+    def _inflated(self, frame: _Frame, budgeted: bool, raw: Buffer | FrameError, inflate_s: float) -> None:
+        """A batch back from the inflater (``raw``: its payload's bytes, or why they are refused) after
+        ``inflate_s`` of the thread's CPU: parsed, charged, taken."""
+        if self._closed:  # closing: nothing to answer on; unacknowledged, the agent sends it again
+            log.warning("inflated frame dropped: the gateway is closing", carrier=frame.carrier.name)
+            return
+        started = time.thread_time()
+        try:
+            if isinstance(raw, FrameError):
+                raise raw
+            batch = self._codec.parse_payload(frame.envelope, raw)
+        except FrameError as exc:
+            self._reject(frame.carrier, frame.routing_id, b"", exc, frame.envelope)
+            return
+        finally:
+            if budgeted:
+                self.budgets.charge(frame.agent_id, 0, inflate_s + time.thread_time() - started)
         assert isinstance(batch, pb.RequestBatch)
+        self._take_decoded(frame, batch, memoryview(raw))
+
+    def _take_decoded(self, frame: _Frame, batch: pb.RequestBatch, payload: memoryview) -> None:
+        """A decoded request batch (``payload``: the bytes it was parsed from), per frame: see
+        :meth:`_take_batch`."""
         now = self._clock()
         wall_us = now_unix_us()
         # Counts of this frame only (a frame whose handling raised must not add to the next one's region).
@@ -625,6 +670,16 @@ class Ingest:
     def flush_replies(self) -> None:
         """Send every reply ready, Acks still held for answers included (drain)."""
         self._replies.flush(every_ack=True)
+
+    async def settle(self, timeout_s: float) -> bool:
+        """Take every frame still being inflated off the loop (drain: their requests are answered, as
+        draining, before the replies are flushed); False when some were not back within ``timeout_s``."""
+        return await self.inflater.settle(timeout_s)
+
+    def close(self) -> None:
+        """Stop the inflater's thread; a frame it hands back after this is dropped unacknowledged."""
+        self._closed = True
+        self.inflater.close()
 
     def hand_back(self, items: list[WorkItem], reason: str) -> None:
         """Answer queued requests UNAVAILABLE (retryable) on drain so the agents send them elsewhere."""

@@ -408,6 +408,8 @@ class Gateway:
         log.info("draining", deadline_s=self.config.drain_timeout_s, grace_s=self.config.drain_grace_s)
         if self.config.drain_grace_s:
             await asyncio.sleep(self.config.drain_grace_s)
+        if self.ingest is not None and not await self.ingest.settle(self.config.drain_timeout_s):
+            log.warning("frames still inflating at the drain deadline; dropped unacknowledged")
         handed_back = 0
         for pool in self.pools.values():
             items = pool.take_queued()
@@ -425,6 +427,8 @@ class Gateway:
             return
         self._closed = True
         await self._end_tasks()
+        if self.ingest is not None:
+            self.ingest.close()
         for pool in self.pools.values():
             await pool.stop(0)
         if self.http is not None:

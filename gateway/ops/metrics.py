@@ -73,15 +73,7 @@ class GatewayMetrics:
         self.model_label = LabelGuard(models)
         self.region_label = LabelGuard(REGION_NAMES, UNKNOWN_REGION)
 
-        self.frames_received = Counter(
-            f"{NS}_frames_received", "Frames received, by carrier and kind", ["carrier", "kind"], registry=r
-        )
-        self.bytes_received = Counter(
-            f"{NS}_received_bytes", "Payload and envelope bytes received", ["carrier"], registry=r
-        )
-        self.frames_rejected = Counter(
-            f"{NS}_frames_rejected", "Frames refused whole, by reason", ["carrier", "reason"], registry=r
-        )
+        self._frame_metrics(r)
         self.requests = Counter(
             f"{NS}_requests",
             "Requests received, by region, model and priority class",
@@ -253,6 +245,27 @@ class GatewayMetrics:
             self.admin_refused.labels(reason)
         self.capture_active = Gauge(f"{NS}_capture_active", "1 while traffic capture is on", registry=r)
         self._lifecycle_metrics(r)
+
+    def _frame_metrics(self, r: CollectorRegistry) -> None:
+        """Frames as they arrive: received, refused whole, decompressed off the event loop."""
+        self.frames_received = Counter(
+            f"{NS}_frames_received", "Frames received, by carrier and kind", ["carrier", "kind"], registry=r
+        )
+        self.bytes_received = Counter(
+            f"{NS}_received_bytes", "Payload and envelope bytes received", ["carrier"], registry=r
+        )
+        self.frames_rejected = Counter(
+            f"{NS}_frames_rejected", "Frames refused whole, by reason", ["carrier", "reason"], registry=r
+        )
+        self.inflated_off_loop = Counter(
+            f"{NS}_frames_inflated_off_loop",
+            "Large zstd frames decompressed on the inflate thread instead of the event loop",
+            ["carrier"],
+            registry=r,
+        )
+        self.inflate_pending = Gauge(
+            f"{NS}_inflate_pending", "Frames waiting for or in the inflate thread", registry=r
+        )
 
     def _reply_metrics(self, r: CollectorRegistry) -> None:
         """The way back to agents: answers that found no route, waited for one, or took another carrier."""

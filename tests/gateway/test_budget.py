@@ -25,7 +25,7 @@ from gateway.ingress.budget import (
     retry_after_ms,
 )
 from gateway.server import Gateway
-from gateway.testing import WireClient, run_gateway
+from gateway.testing import WireClient, run_gateway, wait_for
 from tests.gateway.daemon.test_serving import synthetic
 
 MIB = 1 << 20
@@ -293,7 +293,10 @@ async def test_an_over_budget_agent_is_refused_before_decompression_and_told_whe
     ):
         for f in frames:
             await attacker.send_raw(f)
-        await attacker.ping()  # answers to one connection keep their order: every Ack came before it
+        await attacker.ping()  # answers to one connection keep their order: every refusal's Ack came first
+        # The two admitted ones are decompressed off the loop (4 MiB: limits.inflate_off_loop_bytes), and
+        # refused when they are back; their bytes were charged when they were admitted.
+        await wait_for(lambda: rejected(gw, "hgc", "payload_invalid") >= 2, what="the two bombs refused")
         assert rejected(gw, "hgc", "payload_invalid") == 2
         assert rejected(gw, "hgc", "over_budget") == 10
         refusals = [attacker.acks[pb.Envelope.FromString(f[0]).message_id] for f in frames[2:]]
@@ -341,6 +344,7 @@ async def test_during_a_full_rate_bomb_flood_another_agent_is_served(models_dir:
 
         _, answers = await asyncio.gather(attack(), serve_victim())
         await attacker.ping()
+        await wait_for(lambda: rejected(gw, "hgc", "payload_invalid") >= 1, what="the bomb refused")
         assert rejected(gw, "hgc", "payload_invalid") == 1
         assert rejected(gw, "hgc", "over_budget") == 299
         assert rejected(gw, "pccw", "over_budget") == 0
