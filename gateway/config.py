@@ -257,7 +257,7 @@ class BudgetConfig(_Section):
     # A zstd frame decompressing to more costs size x size / large_frame_bytes: at least the agents'
     # batching.max_bytes (1 MiB), so that only frames no agent sends pay more than their size.
     large_frame_bytes: int = Field(default=1 << 20, ge=1)
-    decode_s_per_s: float = Field(default=0.5, gt=0)  # event-loop seconds per second, per agent
+    decode_s_per_s: float = Field(default=0.5, gt=0)  # decode CPU seconds per second, per agent
     burst_decode_s: float = Field(default=0.5, gt=0)
     max_agents: int = Field(default=4096, ge=1)  # agents tracked; the least recently seen go first
 

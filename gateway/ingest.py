@@ -2,7 +2,8 @@
 and the acknowledgement that tells the agent which requests the gateway now owns.
 
 Everything here runs on the event loop without awaiting; the expensive parts (the CPU pipeline and the
-backend call) happen later in the pool dispatchers.
+backend call) happen later in the pool dispatchers, and a large zstd payload is decompressed on the
+inflater's thread first (gateway/ingress/inflate.py), its frame taken here when it is back.
 """
 
 from __future__ import annotations
@@ -206,20 +207,30 @@ class Ingest:
                     control = self._codec.encode(ack, agent_id=agent_id, region="hk", dict_id=0)
                     self._replies.send_control(carrier, routing_id, control)
                 return
-        frame = _Frame(carrier, routing_id, envelope, agent_id, region)
-        if kind == pb.MESSAGE_KIND_PING:
-            self._answer_ping(frame, body[1])
-        elif kind == pb.MESSAGE_KIND_REQUEST_BATCH:
-            self._take_batch(frame, body[1], budgeted)
-        elif kind == pb.MESSAGE_KIND_DICTIONARY_REQUEST:
-            self._answer_dictionary(frame, body[1])
-        else:
+        if kind not in BUDGETED_KINDS:  # the kinds whose payload the gateway reads; others go no further
             self._reject(
                 carrier,
                 routing_id,
                 body[0],
                 FrameError(pb.REJECT_REASON_UNEXPECTED_KIND, KIND_LABELS.get(kind, str(kind))),
             )
+            return
+        frame = _Frame(carrier, routing_id, envelope, agent_id, region)
+        if self.inflater.takes(envelope):
+            self._take_off_loop(frame, body[1], budgeted)
+            return
+        decoded = self._decoded(frame, body[1])
+        if decoded is not None:
+            self._take(frame, *decoded)
+
+    def _take(self, frame: _Frame, payload: Message, raw: memoryview) -> None:
+        """A decoded frame (``raw``: the bytes its payload was parsed from), by kind."""
+        if isinstance(payload, pb.RequestBatch):
+            self._take_batch(frame, payload, raw)
+        elif isinstance(payload, pb.Ping):
+            self._answer_ping(frame, payload)
+        elif isinstance(payload, pb.DictionaryRequest):
+            self._answer_dictionary(frame, payload)
 
     # ------------------------------------------------------------------ identity
 
@@ -250,10 +261,7 @@ class Ingest:
 
     # ------------------------------------------------------------------ control messages
 
-    def _answer_ping(self, frame: _Frame, body: memoryview) -> None:
-        ping = self._payload(frame, body)
-        if not isinstance(ping, pb.Ping):
-            return
+    def _answer_ping(self, frame: _Frame, ping: pb.Ping) -> None:
         limits = self._config.limits
         pong = pb.Pong(
             nonce=ping.nonce,
@@ -271,20 +279,13 @@ class Ingest:
         )
         self._send(frame, pong)
 
-    def _answer_dictionary(self, frame: _Frame, body: memoryview) -> None:
-        request = self._payload(frame, body)
-        if not isinstance(request, pb.DictionaryRequest):
-            return
+    def _answer_dictionary(self, frame: _Frame, request: pb.DictionaryRequest) -> None:
         raw = self._codec.dictionaries.raw(request.dict_id) or b""
         self._send(frame, pb.DictionaryResponse(dict_id=request.dict_id, dictionary=raw))
 
     def _send(self, frame: _Frame, payload: Message) -> None:
         frames = self._codec.encode(payload, agent_id=frame.agent_id, region="hk", dict_id=0)
         self._replies.send_control(frame.carrier, frame.routing_id, frames)
-
-    def _payload(self, frame: _Frame, body: memoryview) -> Message | None:
-        decoded = self._decoded(frame, body)
-        return None if decoded is None else decoded[0]
 
     def _decoded(self, frame: _Frame, body: memoryview) -> tuple[Message, memoryview] | None:
         """The frame's payload message and the bytes it was parsed from; None when refused (answered).
@@ -308,20 +309,8 @@ class Ingest:
 
     # ------------------------------------------------------------------ requests
 
-    def _take_batch(self, frame: _Frame, body: memoryview, budgeted: bool) -> None:
-        """A request batch, per frame: screened request by request (ids, duplicates, model, limits,
-        deadline, drain), then routed and queued per group of requests routing sees alike
-        (gateway/frames/groups.py), each group one slice of a pool queue; one Ack."""
-        if self.inflater.takes(frame.envelope):
-            self._take_batch_off_loop(frame, body, budgeted)
-            return
-        decoded = self._decoded(frame, body)
-        if decoded is None or not isinstance(decoded[0], pb.RequestBatch):
-            return
-        self._take_decoded(frame, decoded[0], decoded[1])
-
-    def _take_batch_off_loop(self, frame: _Frame, body: memoryview, budgeted: bool) -> None:
-        """A large zstd batch (gateway/ingress/inflate.py): decompressed on the inflater's thread while the
+    def _take_off_loop(self, frame: _Frame, body: memoryview, budgeted: bool) -> None:
+        """A large zstd payload (gateway/ingress/inflate.py): decompressed on the inflater's thread while the
         loop goes on, then parsed and taken here as any other. Its bytes are charged to the agent now, as
         admitted (the agent's next frame is admitted against them); its decode time when it is back."""
         if budgeted:
@@ -331,28 +320,34 @@ class Ingest:
         self.inflater.submit(frame.envelope, body, functools.partial(self._inflated, frame, budgeted))
 
     def _inflated(self, frame: _Frame, budgeted: bool, raw: Buffer | FrameError, inflate_s: float) -> None:
-        """A batch back from the inflater (``raw``: its payload's bytes, or why they are refused) after
-        ``inflate_s`` of the thread's CPU: parsed, charged, taken."""
+        """A payload back from the inflater (``raw``: its bytes, or why they are refused) after
+        ``inflate_s`` of the thread's CPU: parsed, charged, taken. Called by the loop, not a carrier: what
+        it raises is counted and logged here, as a carrier does for the frames it hands over."""
         if self._closed:  # closing: nothing to answer on; unacknowledged, the agent sends it again
             log.warning("inflated frame dropped: the gateway is closing", carrier=frame.carrier.name)
             return
-        started = time.thread_time()
         try:
-            if isinstance(raw, FrameError):
-                raise raw
-            batch = self._codec.parse_payload(frame.envelope, raw)
-        except FrameError as exc:
-            self._reject(frame.carrier, frame.routing_id, b"", exc, frame.envelope)
-            return
-        finally:
-            if budgeted:
-                self.budgets.charge(frame.agent_id, 0, inflate_s + time.thread_time() - started)
-        assert isinstance(batch, pb.RequestBatch)
-        self._take_decoded(frame, batch, memoryview(raw))
+            started = time.thread_time()
+            try:
+                if isinstance(raw, FrameError):
+                    raise raw
+                payload = self._codec.parse_payload(frame.envelope, raw)
+            except FrameError as exc:
+                self._reject(frame.carrier, frame.routing_id, b"", exc, frame.envelope)
+                return
+            finally:
+                if budgeted:
+                    self.budgets.charge(frame.agent_id, 0, inflate_s + time.thread_time() - started)
+            self._take(frame, payload, memoryview(raw))
+        except Exception:  # a bug in handling one frame must not go unseen, nor stop the next
+            self._metrics.ingest_errors.labels(frame.carrier.name).inc()
+            log.exception("handling a frame failed", carrier=frame.carrier.name)
 
-    def _take_decoded(self, frame: _Frame, batch: pb.RequestBatch, payload: memoryview) -> None:
-        """A decoded request batch (``payload``: the bytes it was parsed from), per frame: see
-        :meth:`_take_batch`."""
+    def _take_batch(self, frame: _Frame, batch: pb.RequestBatch, payload: memoryview) -> None:
+        """A decoded request batch (``payload``: the bytes it was parsed from), per frame: screened request
+        by request (ids, duplicates, model, limits, deadline, drain), then routed and queued per group of
+        requests routing sees alike (gateway/frames/groups.py), each group one slice of a pool queue; one
+        Ack."""
         now = self._clock()
         wall_us = now_unix_us()
         # Counts of this frame only (a frame whose handling raised must not add to the next one's region).

@@ -408,6 +408,9 @@ class Gateway:
         log.info("draining", deadline_s=self.config.drain_timeout_s, grace_s=self.config.drain_grace_s)
         if self.config.drain_grace_s:
             await asyncio.sleep(self.config.drain_grace_s)
+        # One deadline for what follows: frames still being decompressed off the loop (their requests are
+        # answered, as draining), then the batches in flight.
+        deadline = time.monotonic() + self.config.drain_timeout_s
         if self.ingest is not None and not await self.ingest.settle(self.config.drain_timeout_s):
             log.warning("frames still inflating at the drain deadline; dropped unacknowledged")
         handed_back = 0
@@ -416,7 +419,6 @@ class Gateway:
             handed_back += len(items)
             if self.ingest is not None:
                 self.ingest.hand_back(items, "gateway draining: resend elsewhere")
-        deadline = time.monotonic() + self.config.drain_timeout_s
         await asyncio.gather(*(p.stop(max(0.0, deadline - time.monotonic())) for p in self.pools.values()))
         if self.ingest is not None:
             self.ingest.flush_replies()

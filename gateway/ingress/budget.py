@@ -12,8 +12,9 @@ peer for what it costs:
   of its length (more of their frames wait, each longer); an agent's own frames are cut at about 1 MiB
   (its ``batching.max_bytes``), so only a frame no agent sends pays the square. Payloads sent raw
   (``CODEC_NONE``) are not decompressed and cost no bytes here: their bytes came over the wire.
-* **decode time**: event-loop seconds spent decoding its frames, refilled at ``decode_s_per_s`` (a share
-  of one core) up to ``burst_decode_s``.
+* **decode time**: CPU seconds spent decoding its frames (the event loop's; for a large zstd payload, the
+  inflate thread's too: gateway/ingress/inflate.py), refilled at ``decode_s_per_s`` (a share of one
+  core) up to ``burst_decode_s``.
 
 Admission (:meth:`AgentBudgets.admit`) is decided before decompression, from the envelope's declared
 ``uncompressed_length`` (which the codec later holds the payload to) and the balances: the frame goes

@@ -47,12 +47,16 @@ class OffLoopInflater:
         self.inflated = 0  # handed back, in all
         self._executor: ThreadPoolExecutor | None = None
         self._decompressors: dict[int, zstd.ZstdDecompressor] = {}  # the thread's own (codec.inflate)
-        self._settled: asyncio.Event | None = None
+        self._submitted = 0  # frames submitted, in all
+        self._returned = 0  # frames handed back (or dropped by close), in all
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []  # settle(): (returns awaited, future)
+        self._closed = False
 
     def takes(self, envelope: pb.Envelope) -> bool:
         """Whether this frame goes to the thread: a zstd payload of at least ``min_bytes``, with room."""
         return (
             self.min_bytes > 0
+            and not self._closed
             and envelope.codec == pb.CODEC_ZSTD
             and envelope.uncompressed_length >= self.min_bytes
             and self.pending < self.max_pending
@@ -65,6 +69,7 @@ class OffLoopInflater:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hkgw-inflate")
         self.pending += 1
+        self._submitted += 1
         future = self._executor.submit(self._inflate, envelope, body)
         future.add_done_callback(functools.partial(self._back, loop, done))
 
@@ -84,7 +89,8 @@ class OffLoopInflater:
         done: Inflated,
         future: Future[tuple[Buffer | FrameError, float]],
     ) -> None:
-        if future.cancelled():  # close() before the thread took it: the loop is ending
+        if future.cancelled():  # by close(), on the loop's thread, before the thread took it
+            self._handed_back()
             return
         try:
             loop.call_soon_threadsafe(self._deliver, future.result(), done)
@@ -92,29 +98,40 @@ class OffLoopInflater:
             log.warning("inflated frame dropped: the event loop is closed")
 
     def _deliver(self, result: tuple[Buffer | FrameError, float], done: Inflated) -> None:
-        self.pending -= 1
+        self._handed_back()
         self.inflated += 1
-        try:
-            done(*result)
-        finally:
-            if self.pending == 0 and self._settled is not None:
-                self._settled.set()
+        done(*result)
+
+    def _handed_back(self) -> None:
+        self.pending -= 1
+        self._returned += 1
+        if self._waiters:
+            waiting = []
+            for target, future in self._waiters:
+                if self._returned >= target:
+                    if not future.done():
+                        future.set_result(None)
+                else:
+                    waiting.append((target, future))
+            self._waiters = waiting
 
     async def settle(self, timeout_s: float) -> bool:
-        """Wait until every frame submitted has been handed back (at most ``timeout_s``); True if so."""
-        if self.pending == 0:
+        """Wait until every frame submitted so far has been handed back (at most ``timeout_s``); True if
+        so. Frames submitted meanwhile are not waited for: a stream of them cannot hold a drain up."""
+        if self._returned >= self._submitted:
             return True
-        self._settled = asyncio.Event()
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((self._submitted, future))
         try:
-            await asyncio.wait_for(self._settled.wait(), timeout_s)
+            await asyncio.wait_for(future, max(0.0, timeout_s))
         except TimeoutError:
             return False
-        finally:
-            self._settled = None
         return True
 
     def close(self) -> None:
-        """Stop the thread; a frame still in it finishes there and is dropped (the loop is ending)."""
+        """Take no more frames and stop the thread: what waits for it is dropped, and a frame still in it
+        finishes there and is dropped too (the loop is ending)."""
+        self._closed = True
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None

@@ -43,6 +43,7 @@ SUMMED_GAUGES = frozenset(
         "hkgw_dedupe_entries",
         "hkgw_cpu_workers_busy",
         "hkgw_pending_replies",
+        "hkgw_inflate_pending",
     }
 )
 """Every gauge the gateway exports is in exactly one of these sets (tests/gateway/shards checks it)."""
