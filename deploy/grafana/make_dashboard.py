@@ -79,6 +79,14 @@ PANELS = [
         ],
     ),
     (
+        "Large frames decompressed off the event loop",
+        "none",
+        [
+            ("sum by (carrier) (rate(hkgw_frames_inflated_off_loop_total[1m]))", "per s {{carrier}}"),
+            ("sum(hkgw_inflate_pending)", "out now"),
+        ],
+    ),
+    (
         "Backends: calls by outcome, breaker state",
         "none",
         [
