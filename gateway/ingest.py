@@ -60,6 +60,9 @@ _REJECT_NACKS: dict[Reason, pb.NackReason.ValueType] = {
     Reason.REJECT_NO_POOL: pb.NACK_REASON_INVALID_REQUEST,
 }
 RETRYABLE_NACKS = frozenset({pb.NACK_REASON_OVERLOADED, pb.NACK_REASON_DRAINING})
+MAX_HELD = 4096
+"""Held connections remembered (:meth:`Ingest._hold`); beyond it the oldest are forgotten (their frames take
+the whole path again, and are refused there)."""
 MAX_ASKED_ON = 1 << 20
 """Accepted requests whose carrier is remembered for their answer (about 150 bytes each); beyond it the
 oldest go, and their answers take the carrier of the first copy (``WorkItem.carrier``)."""
@@ -160,6 +163,9 @@ class Ingest:
             codec, limits.inflate_off_loop_bytes, limits.inflate_off_loop_max_pending
         )
         self._closed = False
+        # Connections of agents past their told refusals in a hold: routing id -> (the envelope's agent id,
+        # when the hold ends). Bounded; the oldest go first.
+        self._held: dict[bytes, tuple[str, float]] = {}
         metrics.dedupe_entries.set_function(lambda: len(self.dedupe))
         metrics.inflate_pending.set_function(lambda: self.inflater.pending)
         # Per-request counts of the frame being handled (cleared as each frame starts), added to the metrics
@@ -185,6 +191,8 @@ class Ingest:
             self._reject(carrier, routing_id, body[0] if body else b"", exc)
             return
         tally.inc(metrics.frames_received, (carrier.name, KIND_LABELS.get(envelope.kind, "other")))
+        if self._held and self._still_held(carrier, routing_id, envelope):
+            return
         agent_id, region = self._identify(frames[1], envelope, carrier, routing_id)
         if self._capture is not None:
             self._capture.offer(carrier.name, agent_id or "", region, body)
@@ -194,19 +202,8 @@ class Ingest:
         now = self._clock()
         self._replies.seen(agent_id, carrier.name, routing_id, now, sent_us=envelope.sent_at_unix_us)
         budgeted = self.budgets.enabled and kind in BUDGETED_KINDS
-        inflated = envelope.uncompressed_length if envelope.codec == pb.CODEC_ZSTD else 0
-        if budgeted:
-            is_batch = kind == pb.MESSAGE_KIND_REQUEST_BATCH
-            wait_s = self.budgets.admit(agent_id, inflated, now, control=not is_batch)
-            if wait_s is not None:  # refused before decompression
-                # Counted and logged as every refusal, with no Ack of _reject's: the one here carries the
-                # retry-after.
-                self._reject(carrier, routing_id, b"", OVER_BUDGET, answer=False)
-                if is_batch and self.budgets.tell(agent_id, wait_s, now):
-                    ack = over_budget_ack(envelope.message_id, wait_s)
-                    control = self._codec.encode(ack, agent_id=agent_id, region="hk", dict_id=0)
-                    self._replies.send_control(carrier, routing_id, control)
-                return
+        if budgeted and not self._within_budget(carrier, routing_id, envelope, agent_id, now):
+            return
         if kind not in BUDGETED_KINDS:  # the kinds whose payload the gateway reads; others go no further
             self._reject(
                 carrier,
@@ -231,6 +228,52 @@ class Ingest:
             self._answer_ping(frame, payload)
         elif isinstance(payload, pb.DictionaryRequest):
             self._answer_dictionary(frame, payload)
+
+    # ------------------------------------------------------------------ budget
+
+    def _within_budget(
+        self, carrier: Carrier, routing_id: bytes, envelope: pb.Envelope, agent_id: str, now: float
+    ) -> bool:
+        """Whether the agent's budget admits the frame; if not, it is refused before decompression: counted
+        and logged as every refusal, a request batch answered with an Ack carrying the retry-after (the first
+        :data:`TOLD_PER_HOLD` of a hold; after them its connection is held, :meth:`_hold`)."""
+        is_batch = envelope.kind == pb.MESSAGE_KIND_REQUEST_BATCH
+        inflated = envelope.uncompressed_length if envelope.codec == pb.CODEC_ZSTD else 0
+        wait_s = self.budgets.admit(agent_id, inflated, now, control=not is_batch)
+        if wait_s is None:
+            return True
+        self._reject(carrier, routing_id, b"", OVER_BUDGET, answer=False)
+        if is_batch:
+            if self.budgets.tell(agent_id, wait_s, now):
+                ack = over_budget_ack(envelope.message_id, wait_s)
+                control = self._codec.encode(ack, agent_id=agent_id, region="hk", dict_id=0)
+                self._replies.send_control(carrier, routing_id, control)
+            else:
+                self._hold(routing_id, envelope.agent_id, self.budgets.hold_ends(agent_id))
+        return False
+
+    # ------------------------------------------------------------------ held connections
+
+    def _hold(self, routing_id: bytes, envelope_agent: str, until: float) -> None:
+        """An agent told to wait :data:`TOLD_PER_HOLD` times in this hold keeps sending on this connection:
+        until the hold ends its request batches here are refused before anything else is read of them."""
+        held = self._held
+        held.pop(routing_id, None)
+        held[routing_id] = (envelope_agent, until)
+        while len(held) > MAX_HELD:
+            del held[next(iter(held))]
+
+    def _still_held(self, carrier: Carrier, routing_id: bytes, envelope: pb.Envelope) -> bool:
+        """Whether this frame is a request batch of a held agent on its held connection (then counted as
+        refused ``over_budget``, unanswered, as the rest of its hold would be)."""
+        held = self._held.get(routing_id)
+        if held is None or envelope.kind != pb.MESSAGE_KIND_REQUEST_BATCH or envelope.agent_id != held[0]:
+            return False
+        if self._clock() >= held[1] or (self._capture is not None and self._capture.active()):
+            del self._held[routing_id]
+            return False
+        self._metrics.tally.inc(self._metrics.frames_rejected, (carrier.name, OVER_BUDGET.label))
+        return True
 
     # ------------------------------------------------------------------ identity
 

@@ -129,6 +129,11 @@ class AgentBudgets:
         buckets.told += 1
         return buckets.told <= TOLD_PER_HOLD
 
+    def hold_ends(self, agent_id: str) -> float:
+        """When the agent's current hold ends (the retry-after of its first refusal in it); 0 if none."""
+        buckets = self._agents.get(agent_id)
+        return 0.0 if buckets is None else buckets.held_until
+
     def balance(self, agent_id: str, now: float | None = None) -> tuple[float, float] | None:
         """(bytes, decode seconds) the agent's buckets hold now; None for an agent not tracked."""
         buckets = self._agents.get(agent_id)

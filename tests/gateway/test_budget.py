@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import zstandard as zstd
 
+import gateway.ingest as ingest_module
 from edge_agent.synthetic import SyntheticTraffic
 from edgewire import FrameCodec, new_id, now_unix_us, pb
 from gateway.config import BudgetConfig, ConfigError, load_config
@@ -25,7 +26,7 @@ from gateway.ingress.budget import (
     retry_after_ms,
 )
 from gateway.server import Gateway
-from gateway.testing import WireClient, run_gateway, wait_for
+from gateway.testing import WireClient, fresh_requests, run_gateway, wait_for
 from tests.gateway.daemon.test_serving import synthetic
 
 MIB = 1 << 20
@@ -304,6 +305,57 @@ async def test_an_over_budget_agent_is_refused_before_decompression_and_told_whe
         # 4 MiB at 64 KiB/s: about a minute; never 0 (no retry-after) and never more than the refill.
         assert all(1000 < a.frame_retry_after_ms <= 64_001 for a in refusals)
         assert not any(a.accepted_ids or a.nacks for a in refusals)
+
+
+async def test_an_agent_flooding_past_its_told_refusals_is_held_until_the_hold_ends(models_dir: Path) -> None:
+    """Past the TOLD_PER_HOLD answered refusals of a hold, the agent's request batches on that connection are
+    refused over_budget before anything else is read of them, whatever they declare, until the hold ends:
+    a small batch its bytes bucket would take is refused then (counted, unanswered), its Ping still answered;
+    once the hold is over the same request is served."""
+    floods = [bomb(4 * MIB, "flooder") for _ in range(2 + TOLD_PER_HOLD + 10)]
+    request = synthetic(1, seed=92)
+    budget = {"bytes_per_s": 4 * MIB, "burst_bytes": 8 * MIB, "large_frame_bytes": 4 * MIB}
+    async with (
+        run_gateway(models_dir=models_dir, budget=budget) as gw,
+        WireClient(gw.endpoint("hgc"), agent_id="flooder") as agent,
+    ):
+        ingest = gw.ingest
+        assert ingest is not None
+        for f in floods:
+            await agent.send_raw(f)
+        await agent.ping()
+        refused = TOLD_PER_HOLD + 10
+        await wait_for(lambda: rejected(gw, "hgc", "over_budget") == refused, what="the flood refused")
+        told = [a for a in agent.acks.values() if a.frame_reject == pb.REJECT_REASON_OVER_BUDGET]
+        assert len(told) == TOLD_PER_HOLD
+        ends = ingest.budgets.hold_ends("flooder")
+        assert ends > time.monotonic()
+        header, _ = agent.codec.encode(pb.RequestBatch(requests=request))
+        envelope = pb.Envelope.FromString(header)
+        declared = envelope.uncompressed_length if envelope.codec == pb.CODEC_ZSTD else 0
+        assert ingest.budgets.admit("flooder", declared) is None  # its budget alone would take this frame
+        small = await agent.send(request)
+        await agent.ping()  # the hold refuses batches only: a Ping is answered, after the batch was handled
+        assert rejected(gw, "hgc", "over_budget") == refused + 1
+        assert small not in agent.acks
+        await asyncio.sleep(max(0.0, ends - time.monotonic()) + 0.05)
+        answers = await agent.infer(fresh_requests(request))
+    assert [a.status for a in answers] == [pb.STATUS_OK]
+
+
+async def test_held_connections_are_bounded_oldest_first(
+    models_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At most MAX_HELD connections are held; a new hold forgets the oldest (whose frames then take the
+    whole path again and are refused there)."""
+    monkeypatch.setattr(ingest_module, "MAX_HELD", 2)
+    async with run_gateway(models_dir=models_dir) as gw:
+        ingest = gw.ingest
+        assert ingest is not None
+        until = time.monotonic() + 60
+        for n in range(5):
+            ingest._hold(bytes([n]), f"agent-{n}", until)
+        assert list(ingest._held) == [b"\x03", b"\x04"]
 
 
 def test_the_protocol_documents_the_refusal_as_the_gateway_answers_it() -> None:
