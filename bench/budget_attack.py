@@ -154,10 +154,18 @@ def machine_ticks() -> tuple[int, int]:
     return sum(values) - idle, sum(values)
 
 
-def rejected(peer: Peer) -> dict[str, float]:
-    """hkgw_frames_rejected_total by reason, from the gateway's /metrics."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{peer.http_port}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
+def rejected(peer: Peer, tries: int = 5) -> dict[str, float]:
+    """hkgw_frames_rejected_total by reason, from the gateway's /metrics. A gateway swamped by a flood with
+    its budget off may reset the scrape's connection: asked again, up to ``tries`` times in all."""
+    for attempt in range(tries):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{peer.http_port}/metrics", timeout=5) as resp:
+                text = resp.read().decode()
+            break
+        except OSError:
+            if attempt == tries - 1:
+                raise
+            time.sleep(1.0)
     out: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith("hkgw_frames_rejected_total{"):

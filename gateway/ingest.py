@@ -163,9 +163,9 @@ class Ingest:
             codec, limits.inflate_off_loop_bytes, limits.inflate_off_loop_max_pending
         )
         self._closed = False
-        # Connections of agents past their told refusals in a hold: routing id -> (the envelope's agent id,
-        # when the hold ends). Bounded; the oldest go first.
-        self._held: dict[bytes, tuple[str, float]] = {}
+        # Connections of agents past their told refusals in a hold: (carrier, routing id) -> (the envelope's
+        # agent id, when the hold ends). Bounded; the oldest go first.
+        self._held: dict[tuple[str, bytes], tuple[str, float]] = {}
         metrics.dedupe_entries.set_function(lambda: len(self.dedupe))
         metrics.inflate_pending.set_function(lambda: self.inflater.pending)
         # Per-request counts of the frame being handled (cleared as each frame starts), added to the metrics
@@ -248,32 +248,38 @@ class Ingest:
                 ack = over_budget_ack(envelope.message_id, wait_s)
                 control = self._codec.encode(ack, agent_id=agent_id, region="hk", dict_id=0)
                 self._replies.send_control(carrier, routing_id, control)
-            else:
-                self._hold(routing_id, envelope.agent_id, self.budgets.hold_ends(agent_id))
+            elif self._capture is None or not self._capture.active():  # capture sees every frame whole
+                self._hold((carrier.name, routing_id), envelope.agent_id, self.budgets.hold_ends(agent_id))
         return False
 
     # ------------------------------------------------------------------ held connections
 
-    def _hold(self, routing_id: bytes, envelope_agent: str, until: float) -> None:
+    def _hold(self, connection: tuple[str, bytes], envelope_agent: str, until: float) -> None:
         """An agent told to wait :data:`TOLD_PER_HOLD` times in this hold keeps sending on this connection:
         until the hold ends its request batches here are refused before anything else is read of them."""
         held = self._held
-        held.pop(routing_id, None)
-        held[routing_id] = (envelope_agent, until)
+        held.pop(connection, None)
+        held[connection] = (envelope_agent, until)
         while len(held) > MAX_HELD:
             del held[next(iter(held))]
 
     def _still_held(self, carrier: Carrier, routing_id: bytes, envelope: pb.Envelope) -> bool:
-        """Whether this frame is a request batch of a held agent on its held connection (then counted as
-        refused ``over_budget``, unanswered, as the rest of its hold would be)."""
-        held = self._held.get(routing_id)
+        """Whether this frame is a request batch on a held connection naming the held agent in its envelope
+        (then refused ``over_budget``, unanswered, as the rest of its hold would be)."""
+        connection = (carrier.name, routing_id)  # routing ids are a ROUTER's own: one per carrier
+        held = self._held.get(connection)
         if held is None or envelope.kind != pb.MESSAGE_KIND_REQUEST_BATCH or envelope.agent_id != held[0]:
             return False
         if self._clock() >= held[1] or (self._capture is not None and self._capture.active()):
-            del self._held[routing_id]
+            del self._held[connection]
             return False
-        self._metrics.tally.inc(self._metrics.frames_rejected, (carrier.name, OVER_BUDGET.label))
+        self._reject(carrier, routing_id, b"", OVER_BUDGET, answer=False)  # counted and logged as the others
         return True
+
+    def release_holds(self) -> None:
+        """Forget every held connection (a reload may have revoked or remapped an agent's key: its frames
+        must meet the identity checks again, which come before the budget's)."""
+        self._held.clear()
 
     # ------------------------------------------------------------------ identity
 

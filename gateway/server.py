@@ -507,6 +507,8 @@ class Gateway:
             for directory in (self._auth, self._directory):
                 if directory is not None:
                     directory.replace(agents)
+            if self.ingest is not None:  # a revoked key's frames meet the identity checks again, not a hold
+                self.ingest.release_holds()
         logging_changed = self._logging.apply(fresh.logging)  # e.g. debug for a while, without a restart
         self.metrics.reloads.labels("ok").inc()
         log.info(
