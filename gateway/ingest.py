@@ -336,24 +336,35 @@ class Ingest:
         frames = self._codec.encode(payload, agent_id=frame.agent_id, region="hk", dict_id=0)
         self._replies.send_control(frame.carrier, frame.routing_id, frames)
 
-    def _decoded(self, frame: _Frame, body: memoryview) -> tuple[Message, memoryview] | None:
+    def _decoded(
+        self, frame: _Frame, body: Buffer | FrameError, *, inflated_s: float | None = None
+    ) -> tuple[Message, memoryview] | None:
         """The frame's payload message and the bytes it was parsed from; None when refused (answered).
+        ``inflated_s``: ``body`` is the payload inflated already, off the loop, in that many of the inflate
+        thread's CPU seconds (its bytes were charged at admission), or why it was refused there.
 
-        What decompressing and parsing cost is charged to the agent's budget, a refusal's too: the loop
-        thread's CPU time, not wall time (a busy host is not the agent's doing). Only that: the screening,
-        routing and serving that follow are the gateway's work for the requests, not the frame's cost."""
+        What decompressing and parsing cost is charged to the agent's budget, a refusal's too: CPU time, not
+        wall time (a busy host is not the agent's doing). Only that: the screening, routing and serving
+        that follow are the gateway's work for the requests, not the frame's cost."""
         envelope = frame.envelope
         budgeted = self.budgets.enabled and envelope.kind in BUDGETED_KINDS
         started = time.thread_time() if budgeted else 0.0
         try:
-            message, raw = self._codec.decode_payload_bytes(envelope, body)
+            if isinstance(body, FrameError):
+                raise body
+            raw = body if inflated_s is not None else self._codec.inflate(envelope, body)
+            message = self._codec.parse_payload(envelope, raw)
         except FrameError as exc:
             self._reject(frame.carrier, frame.routing_id, b"", exc, envelope)
             return None
         finally:
             if budgeted:
-                inflated = envelope.uncompressed_length if envelope.codec == pb.CODEC_ZSTD else 0
-                self.budgets.charge(frame.agent_id, inflated, time.thread_time() - started)
+                if inflated_s is None:
+                    charged = envelope.uncompressed_length if envelope.codec == pb.CODEC_ZSTD else 0
+                    spent = time.thread_time() - started
+                else:
+                    charged, spent = 0, inflated_s + time.thread_time() - started
+                self.budgets.charge(frame.agent_id, charged, spent)
         return message, memoryview(raw)
 
     # ------------------------------------------------------------------ requests
@@ -366,9 +377,9 @@ class Ingest:
             self.budgets.charge(frame.agent_id, frame.envelope.uncompressed_length, 0.0)
         metrics = self._metrics
         metrics.tally.inc(metrics.inflated_off_loop, (frame.carrier.name,))
-        self.inflater.submit(frame.envelope, body, functools.partial(self._inflated, frame, budgeted))
+        self.inflater.submit(frame.envelope, body, functools.partial(self._inflated, frame))
 
-    def _inflated(self, frame: _Frame, budgeted: bool, raw: Buffer | FrameError, inflate_s: float) -> None:
+    def _inflated(self, frame: _Frame, raw: Buffer | FrameError, inflate_s: float) -> None:
         """A payload back from the inflater (``raw``: its bytes, or why they are refused) after
         ``inflate_s`` of the thread's CPU: parsed, charged, taken. Called by the loop, not a carrier: what
         it raises is counted and logged here, as a carrier does for the frames it hands over."""
@@ -376,18 +387,9 @@ class Ingest:
             log.warning("inflated frame dropped: the gateway is closing", carrier=frame.carrier.name)
             return
         try:
-            started = time.thread_time()
-            try:
-                if isinstance(raw, FrameError):
-                    raise raw
-                payload = self._codec.parse_payload(frame.envelope, raw)
-            except FrameError as exc:
-                self._reject(frame.carrier, frame.routing_id, b"", exc, frame.envelope)
-                return
-            finally:
-                if budgeted:
-                    self.budgets.charge(frame.agent_id, 0, inflate_s + time.thread_time() - started)
-            self._take(frame, payload, memoryview(raw))
+            decoded = self._decoded(frame, raw, inflated_s=inflate_s)
+            if decoded is not None:
+                self._take(frame, *decoded)
         except Exception:  # a bug in handling one frame must not go unseen, nor stop the next
             self._metrics.ingest_errors.labels(frame.carrier.name).inc()
             log.exception("handling a frame failed", carrier=frame.carrier.name)

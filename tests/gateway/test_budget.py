@@ -339,7 +339,8 @@ async def test_an_agent_flooding_past_its_told_refusals_is_held_until_the_hold_e
         await agent.ping()  # the hold refuses batches only: a Ping is answered, after the batch was handled
         assert rejected(gw, "hgc", "over_budget") == refused + 1
         assert small not in agent.acks
-        await asyncio.sleep(max(0.0, ends - time.monotonic()) + 0.05)
+        # The hold ends at a time: waited for as a condition on the clock the gateway reads.
+        await wait_for(lambda: ingest._clock() > ends, timeout_s=30, what="the hold over")
         answers = await agent.infer(fresh_requests(request))
     assert [a.status for a in answers] == [pb.STATUS_OK]
 

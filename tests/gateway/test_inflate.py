@@ -217,8 +217,9 @@ async def test_drain_waits_for_a_frame_being_inflated_and_answers_it(
     models_dir: Path, gate: threading.Event, budget_enabled: bool
 ) -> None:
     """A large batch still inflating when the drain begins is taken before the drain ends: the drain waits
-    for it, its request is answered (nacked DRAINING, retryable) and nothing is left on the thread. Its
-    agent's bytes were charged (when it was admitted)."""
+    for it (its wait registered, not done while the frame is held), its request is answered (nacked
+    DRAINING, retryable) and nothing is left on the thread. Its agent's bytes were charged (when it was
+    admitted)."""
     request = synthetic(1, seed=96)[0]
     # One request carrying 4 MiB of zeros in a parameter: compressible to almost nothing, a valid batch.
     request.parameters["padding"] = "0" * (4 * MIB)
@@ -237,8 +238,9 @@ async def test_drain_waits_for_a_frame_being_inflated_and_answers_it(
         assert ingest is not None
         await wait_for(lambda: ingest.inflater.pending == 1, what="inflating")
         drain = asyncio.create_task(gw.drain())
-        await asyncio.sleep(0.3)
-        assert not drain.done()  # waiting for the frame out
+        # The drain reaches its wait for the frame out, and waits: it is not done while the frame is held.
+        await wait_for(lambda: bool(ingest.inflater._waiters), what="the drain waiting for the frame")
+        assert not drain.done() and ingest.inflater.pending == 1
         gate.set()
         await asyncio.wait_for(drain, 10)
         assert ingest.inflater.pending == 0
