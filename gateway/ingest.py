@@ -30,7 +30,7 @@ from gateway.frames.groups import Screened
 from gateway.frames.route import route_frame
 from gateway.frames.wire import request_spans
 from gateway.ingress.auth import AgentAuthenticator, AgentDirectory
-from gateway.ingress.budget import BUDGETED_KINDS, OVER_BUDGET, AgentBudgets, over_budget_ack
+from gateway.ingress.budget import BUDGETED_KINDS, OVER_BUDGET, AgentBudgets, HeldConnections, over_budget_ack
 from gateway.ingress.carrier import Carrier
 from gateway.ingress.inflate import OffLoopInflater
 from gateway.ops.metrics import GatewayMetrics
@@ -60,9 +60,6 @@ _REJECT_NACKS: dict[Reason, pb.NackReason.ValueType] = {
     Reason.REJECT_NO_POOL: pb.NACK_REASON_INVALID_REQUEST,
 }
 RETRYABLE_NACKS = frozenset({pb.NACK_REASON_OVERLOADED, pb.NACK_REASON_DRAINING})
-MAX_HELD = 4096
-"""Held connections remembered (:meth:`Ingest._hold`); beyond it the oldest are forgotten (their frames take
-the whole path again, and are refused there)."""
 MAX_ASKED_ON = 1 << 20
 """Accepted requests whose carrier is remembered for their answer (about 150 bytes each); beyond it the
 oldest go, and their answers take the carrier of the first copy (``WorkItem.carrier``)."""
@@ -163,9 +160,7 @@ class Ingest:
             codec, limits.inflate_off_loop_bytes, limits.inflate_off_loop_max_pending
         )
         self._closed = False
-        # Connections of agents past their told refusals in a hold: (carrier, routing id) -> (the envelope's
-        # agent id, when the hold ends). Bounded; the oldest go first.
-        self._held: dict[tuple[str, bytes], tuple[str, float]] = {}
+        self.held = HeldConnections()  # connections of agents past their told refusals in a hold
         metrics.dedupe_entries.set_function(lambda: len(self.dedupe))
         metrics.inflate_pending.set_function(lambda: self.inflater.pending)
         # Per-request counts of the frame being handled (cleared as each frame starts), added to the metrics
@@ -191,7 +186,11 @@ class Ingest:
             self._reject(carrier, routing_id, body[0] if body else b"", exc)
             return
         tally.inc(metrics.frames_received, (carrier.name, KIND_LABELS.get(envelope.kind, "other")))
-        if self._held and self._still_held(carrier, routing_id, envelope):
+        if (
+            self.held
+            and envelope.kind == pb.MESSAGE_KIND_REQUEST_BATCH
+            and self._still_held(carrier, routing_id, envelope)
+        ):
             return
         agent_id, region = self._identify(frames[1], envelope, carrier, routing_id)
         if self._capture is not None:
@@ -236,7 +235,7 @@ class Ingest:
     ) -> bool:
         """Whether the agent's budget admits the frame; if not, it is refused before decompression: counted
         and logged as every refusal, a request batch answered with an Ack carrying the retry-after (the first
-        :data:`TOLD_PER_HOLD` of a hold; after them its connection is held, :meth:`_hold`)."""
+        :data:`TOLD_PER_HOLD` of a hold; after them its connection is held, :class:`HeldConnections`)."""
         is_batch = envelope.kind == pb.MESSAGE_KIND_REQUEST_BATCH
         inflated = envelope.uncompressed_length if envelope.codec == pb.CODEC_ZSTD else 0
         wait_s = self.budgets.admit(agent_id, inflated, now, control=not is_batch)
@@ -249,29 +248,19 @@ class Ingest:
                 control = self._codec.encode(ack, agent_id=agent_id, region="hk", dict_id=0)
                 self._replies.send_control(carrier, routing_id, control)
             elif self._capture is None or not self._capture.active():  # capture sees every frame whole
-                self._hold((carrier.name, routing_id), envelope.agent_id, self.budgets.hold_ends(agent_id))
+                self.held.hold(carrier.name, routing_id, envelope.agent_id, self.budgets.hold_ends(agent_id))
         return False
 
     # ------------------------------------------------------------------ held connections
 
-    def _hold(self, connection: tuple[str, bytes], envelope_agent: str, until: float) -> None:
-        """An agent told to wait :data:`TOLD_PER_HOLD` times in this hold keeps sending on this connection:
-        until the hold ends its request batches here are refused before anything else is read of them."""
-        held = self._held
-        held.pop(connection, None)
-        held[connection] = (envelope_agent, until)
-        while len(held) > MAX_HELD:
-            del held[next(iter(held))]
-
     def _still_held(self, carrier: Carrier, routing_id: bytes, envelope: pb.Envelope) -> bool:
-        """Whether this frame is a request batch on a held connection naming the held agent in its envelope
-        (then refused ``over_budget``, unanswered, as the rest of its hold would be)."""
-        connection = (carrier.name, routing_id)  # routing ids are a ROUTER's own: one per carrier
-        held = self._held.get(connection)
-        if held is None or envelope.kind != pb.MESSAGE_KIND_REQUEST_BATCH or envelope.agent_id != held[0]:
+        """Whether this request batch comes on a held connection naming the held agent in its envelope: then
+        refused ``over_budget``, unanswered, as the rest of its hold would be. Not while capture is on (it
+        sees every frame whole)."""
+        if not self.held.holds(carrier.name, routing_id, envelope.agent_id, self._clock()):
             return False
-        if self._clock() >= held[1] or (self._capture is not None and self._capture.active()):
-            del self._held[connection]
+        if self._capture is not None and self._capture.active():
+            self.held.release(carrier.name, routing_id)
             return False
         self._reject(carrier, routing_id, b"", OVER_BUDGET, answer=False)  # counted and logged as the others
         return True
@@ -279,7 +268,7 @@ class Ingest:
     def release_holds(self) -> None:
         """Forget every held connection (a reload may have revoked or remapped an agent's key: its frames
         must meet the identity checks again, which come before the budget's)."""
-        self._held.clear()
+        self.held.clear()
 
     # ------------------------------------------------------------------ identity
 

@@ -519,12 +519,12 @@ async def test_authenticated_refusals_are_produced_and_answered_as_documented(
             await agent.ping()
             for key in curve_keys["authorized"].glob("*.key"):
                 key.unlink()
-            # A connection held over budget (gateway/ingest.py) meets the identity checks again after the
-            # reload: the step order of section 7 (12, 12a before 13a) holds whatever the budget did.
+            # A connection held over budget (gateway/ingress/budget.py) meets the identity checks again after
+            # the reload: the step order of section 7 (12, 12a before 13a) holds whatever the budget did.
             assert gw.ingest is not None
-            gw.ingest._hold(("hgc", b"\x00held"), "edge-1", time.monotonic() + 60)
+            gw.ingest.held.hold("hgc", b"\x00held", "edge-1", time.monotonic() + 60)
             assert gw.reload()
-            assert not gw.ingest._held
+            assert not gw.ingest.held
             ack = await agent.wait_ack(await agent.send(text_requests(1, pb.PRIORITY_CLASS_BATCH)))
         assert labels.REJECT[ack.frame_reject] == "unknown_agent" and answered_with_ack("unknown_agent")
         stranger = curve_of(curve_keys["stranger"], curve_keys["server"])

@@ -165,6 +165,63 @@ class AgentBudgets:
         buckets.at = now
 
 
+MAX_HELD: Final = 4096
+"""Held connections remembered (:class:`HeldConnections`); beyond it the oldest are forgotten (their frames
+take the whole path again, and are refused there)."""
+
+
+class HeldConnections:
+    """Connections whose agent kept sending past the :data:`TOLD_PER_HOLD` answered refusals of a hold:
+    until the hold ends, their request batches are refused right after the envelope is read (not its
+    identity, reply route or buckets), whatever they declare.
+
+    Keyed by (carrier, routing id): a ROUTER's routing ids are its own, one per connection. A held
+    connection is refused only frames naming the agent it was held for; anything else on it takes the whole
+    path. At most ``limit`` are held, the oldest forgotten first. Pure: the caller's clock.
+    """
+
+    __slots__ = ("_held", "limit")
+
+    def __init__(self, limit: int = MAX_HELD) -> None:
+        self.limit = limit
+        self._held: dict[tuple[str, bytes], tuple[str, float]] = {}  # -> (envelope's agent id, hold's end)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def connections(self) -> list[tuple[str, bytes]]:
+        """The held connections, oldest hold first."""
+        return list(self._held)
+
+    def hold(self, carrier: str, routing_id: bytes, agent_id: str, until: float) -> None:
+        """Hold the connection for frames naming ``agent_id`` (the envelope's) until ``until``; a connection
+        held again moves to the newest."""
+        held = self._held
+        held.pop((carrier, routing_id), None)
+        held[(carrier, routing_id)] = (agent_id, until)
+        while len(held) > self.limit:
+            del held[next(iter(held))]
+
+    def holds(self, carrier: str, routing_id: bytes, agent_id: str, now: float) -> bool:
+        """Whether a request batch naming ``agent_id`` on this connection is refused now; a hold that has
+        ended is forgotten."""
+        held = self._held.get((carrier, routing_id))
+        if held is None or agent_id != held[0]:
+            return False
+        if now >= held[1]:
+            del self._held[(carrier, routing_id)]
+            return False
+        return True
+
+    def release(self, carrier: str, routing_id: bytes) -> None:
+        """Forget the connection's hold, if any."""
+        self._held.pop((carrier, routing_id), None)
+
+    def clear(self) -> None:
+        """Forget every hold."""
+        self._held.clear()
+
+
 def retry_after_ms(retry_after_s: float) -> int:
     """The wire's retry-after for a wait: whole milliseconds, rounded up (never 0: 0 means none)."""
     return max(1, min(MAX_RETRY_AFTER_MS, math.ceil(retry_after_s * 1000)))

@@ -14,14 +14,15 @@ from typing import Any
 import pytest
 import zstandard as zstd
 
-import gateway.ingest as ingest_module
 from edge_agent.synthetic import SyntheticTraffic
 from edgewire import FrameCodec, new_id, now_unix_us, pb
 from gateway.config import BudgetConfig, ConfigError, load_config
 from gateway.ingress.budget import (
     CONTROL_FREE_BYTES,
+    MAX_HELD,
     TOLD_PER_HOLD,
     AgentBudgets,
+    HeldConnections,
     over_budget_ack,
     retry_after_ms,
 )
@@ -345,19 +346,37 @@ async def test_an_agent_flooding_past_its_told_refusals_is_held_until_the_hold_e
     assert [a.status for a in answers] == [pb.STATUS_OK]
 
 
-async def test_held_connections_are_bounded_oldest_first(
-    models_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """At most MAX_HELD connections are held; a new hold forgets the oldest (whose frames then take the
-    whole path again and are refused there)."""
-    monkeypatch.setattr(ingest_module, "MAX_HELD", 2)
-    async with run_gateway(models_dir=models_dir) as gw:
-        ingest = gw.ingest
-        assert ingest is not None
-        until = time.monotonic() + 60
-        for n in range(5):
-            ingest._hold(("hgc", bytes([n])), f"agent-{n}", until)
-        assert list(ingest._held) == [("hgc", b"\x03"), ("hgc", b"\x04")]
+def test_held_connections_are_bounded_oldest_first() -> None:
+    """At most ``limit`` connections are held; a new hold forgets the oldest (whose frames then take the
+    whole path again and are refused there), a connection held again becomes the newest."""
+    held = HeldConnections(limit=2)
+    for n in range(5):
+        held.hold("hgc", bytes([n]), f"agent-{n}", 60.0)
+    assert held.connections() == [("hgc", b"\x03"), ("hgc", b"\x04")]
+    held.hold("hgc", b"\x03", "agent-3", 60.0)
+    held.hold("pccw", b"\x03", "agent-3", 60.0)
+    assert held.connections() == [("hgc", b"\x03"), ("pccw", b"\x03")]
+    assert HeldConnections().limit == MAX_HELD
+
+
+def test_a_hold_refuses_only_its_agent_on_its_connection_until_it_ends() -> None:
+    """A held connection refuses frames naming the agent it was held for, on that carrier and connection,
+    until the hold's end; then the hold is forgotten. Released one by one or all at once."""
+    held = HeldConnections()
+    held.hold("hgc", b"\x01", "flooder", 10.0)
+    assert held.holds("hgc", b"\x01", "flooder", 9.9)
+    assert not held.holds("hgc", b"\x01", "other", 9.9)  # another agent's envelope on it: the whole path
+    assert not held.holds("pccw", b"\x01", "flooder", 9.9)  # the same routing id on another carrier
+    assert not held.holds("hgc", b"\x02", "flooder", 9.9)
+    assert len(held) == 1
+    assert not held.holds("hgc", b"\x01", "flooder", 10.0)  # ended
+    assert len(held) == 0
+    held.hold("hgc", b"\x01", "flooder", 10.0)
+    held.hold("hgc", b"\x02", "flooder", 10.0)
+    held.release("hgc", b"\x01")
+    assert held.connections() == [("hgc", b"\x02")]
+    held.clear()
+    assert not held
 
 
 def test_the_protocol_documents_the_refusal_as_the_gateway_answers_it() -> None:
