@@ -8,7 +8,7 @@ intake with batch-class synthetic requests (so every one is spooled, fsync per b
 Unbatched = ``batching.max_records = 1`` (one request per frame), the baseline of the same run.
 
 Beside records/s it reports the CPU each process spent per record the gateway accepted over the timed
-window (utime + stime from /proc): the agent's process tree, the gateway's, and this driver's (its
+window (utime + stime from /proc): the agent's process tree, the gateway's, and this driver's own (its
 ZeroMQ I/O thread included). On a machine whose cores the three share, CPU per record is the figure that
 compares two versions of the agent; records/s follows whoever has the cores.
 """
@@ -17,19 +17,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
-import os
 import re
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.gateway_bench import cpu_seconds, start_gateway
+from bench.gateway_bench import TICKS, cpu_seconds, start_gateway
 from bench.report import machine, stamp, table, update_section
+from bench.steps import RUNNER, Frame, StackSampler, per_step
+from bench.steps import table as steps_table
 from edge_agent.client import EdgeClient
 from edge_agent.synthetic import SyntheticTraffic
 from edgewire import pb
@@ -66,7 +69,35 @@ class AgentRun:
     frames_per_record: float
     agent_us: float  # CPU per record accepted, microseconds: the agent's process tree
     gateway_us: float  # the gateway's process tree
-    driver_us: float  # this process (the EdgeClient feeding the intake)
+    driver_us: float  # this process alone (the EdgeClient feeding the intake), not its children
+    gateway_loop_us: float = 0.0  # the gateway's event loop thread alone
+    agent_loop_us: float = 0.0  # the agent's event loop thread alone
+    profiles: str = ""  # with --steps: where those two threads' CPU went
+
+
+def thread_cpu(pid: int, tid: int) -> float:
+    """CPU seconds (utime + stime) one thread of a process has used, from /proc; 0 once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def agent_tasks(stacks: Counter[tuple[Frame, ...]]) -> dict[str, Counter[Frame]]:
+    """The agent's loop samples by the task they ran in (the outermost edge_agent function under the
+    loop's runner: intake, uplink sender, the gateway's answers, callers, the commit), each counted by
+    its innermost frame."""
+    tasks: dict[str, Counter[Frame]] = {}
+    for stack, n in stacks.items():
+        outermost_first = list(reversed(stack))
+        runner = [i for i, f in enumerate(outermost_first) if f[0].endswith(RUNNER)]
+        under = outermost_first[runner[-1] + 1 :] if runner else outermost_first
+        outer = [f for f in under if "/edge_agent/" in f[0]]
+        task = f"{outer[0][0].split('/edge_agent/')[-1]}:{outer[0][1]}" if outer else "event loop & other"
+        tasks.setdefault(task, Counter())[stack[0] if stack else ("", "")] += n
+    return tasks
 
 
 def accepted(http_port: int) -> tuple[float, float]:
@@ -111,6 +142,7 @@ def run_mode(
     mode: str,
     seconds: float,
     requests: list[pb.InferRequest],
+    steps: bool = False,
 ) -> AgentRun:
     """One agent for ``mode``, fed for ``seconds``; ``gateway`` is (its pid, HTTP port, carrier endpoint)."""
     gateway_pid, gateway_http, endpoint = gateway
@@ -131,22 +163,63 @@ def run_mode(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    samplers: list[StackSampler] = []
     try:
         time.sleep(2.0)  # the agent's start-up (imports, first pongs); measured from the first accepts on
         before, frames_before = accepted(gateway_http)
-        cpu_before = [cpu_seconds(pid)[0] for pid in (agent.pid, gateway_pid, os.getpid())]
+        # The driver's own process only (time.process_time, every thread of it): its process tree would
+        # also hold the agent and the gateway, which it started. Each loop thread's id is its pid.
+        cpu_before = [
+            cpu_seconds(agent.pid)[0],
+            cpu_seconds(gateway_pid)[0],
+            time.process_time(),
+            thread_cpu(gateway_pid, gateway_pid),
+            thread_cpu(agent.pid, agent.pid),
+        ]
+        if steps:  # py-spy from outside, not pausing them: both loops at about 250 samples a second
+            samplers = [
+                StackSampler(pid, rate=250, pid=pid, blocking=False) for pid in (gateway_pid, agent.pid)
+            ]
         started = time.monotonic()
-        asyncio.run(feed(f"tcp://127.0.0.1:{intake}", requests, seconds))
+        with contextlib.ExitStack() as sampling:
+            for sampler in samplers:
+                sampling.enter_context(sampler)
+            asyncio.run(feed(f"tcp://127.0.0.1:{intake}", requests, seconds))
         elapsed = time.monotonic() - started
-        cpu_after = [cpu_seconds(pid)[0] for pid in (agent.pid, gateway_pid, os.getpid())]
+        cpu_after = [
+            cpu_seconds(agent.pid)[0],
+            cpu_seconds(gateway_pid)[0],
+            time.process_time(),
+            thread_cpu(gateway_pid, gateway_pid),
+            thread_cpu(agent.pid, agent.pid),
+        ]
         after, frames_after = accepted(gateway_http)
     finally:
         agent.terminate()
         agent.wait(30)
     got = int(after - before)
-    agent_us, gateway_us, driver_us = (
+    agent_us, gateway_us, driver_us, gateway_loop_us, agent_loop_us = (
         (a - b) * 1e6 / max(got, 1) for a, b in zip(cpu_after, cpu_before, strict=True)
     )
+    profiles = ""
+    if samplers:
+        gateway_sampler, agent_sampler = samplers
+        profiles = "\n".join(
+            [
+                f"{mode}: the gateway's loop thread, {gateway_loop_us:.1f} us per record "
+                f"({gateway_sampler.taken} samples; bench/steps.py's steps)",
+                steps_table(per_step(gateway_sampler.stacks), gateway_loop_us, detail=4),
+                "",
+                f"{mode}: the agent's loop thread, {agent_loop_us:.1f} us per record "
+                f"({agent_sampler.taken} samples; by task)",
+                steps_table(
+                    agent_tasks(agent_sampler.stacks),
+                    agent_loop_us,
+                    order=sorted(agent_tasks(agent_sampler.stacks)),
+                    detail=4,
+                ),
+            ]
+        )
     return AgentRun(
         mode,
         got,
@@ -156,6 +229,9 @@ def run_mode(
         agent_us,
         gateway_us,
         driver_us,
+        gateway_loop_us,
+        agent_loop_us,
+        profiles,
     )
 
 
@@ -171,6 +247,8 @@ def render(runs: list[AgentRun], args: argparse.Namespace) -> str:
             f"{r.agent_us:.0f}",
             f"{r.gateway_us:.0f}",
             f"{r.driver_us:.0f}",
+            f"{r.agent_loop_us:.0f}",
+            f"{r.gateway_loop_us:.0f}",
         ]
         for r in runs
     ]
@@ -184,7 +262,10 @@ def render(runs: list[AgentRun], args: argparse.Namespace) -> str:
             "requests, spooled with fsync per batch before the intake acks them. The gateway's per-frame",
             "cost bounds the unbatched run. CPU per record: CPU seconds (utime + stime from /proc) each",
             "process tree used over the timed window, per record the gateway accepted, in microseconds; the",
-            "three share the machine's cores, so this, not records/s, is what compares two versions.",
+            "three share the machine's cores, so this, not records/s, is what compares two versions. The",
+            "driver's is its own process (before 2026-12-06 its process tree, which also holds the agent and",
+            "the gateway it starts: the 339 and 140 us of 2026-12-05 were the three together); each loop",
+            "thread's is that thread's alone. `--steps` adds where each loop's CPU goes (py-spy).",
             "",
             table(
                 [
@@ -196,6 +277,8 @@ def render(runs: list[AgentRun], args: argparse.Namespace) -> str:
                     "agent CPU us/record",
                     "gateway CPU us/record",
                     "driver CPU us/record",
+                    "of the agent: its loop thread",
+                    "of the gateway: its loop thread",
                 ],
                 rows,
             ),
@@ -208,6 +291,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--steps",
+        action="store_true",
+        help="also sample both loop threads with py-spy (not written): where each one's CPU per record goes",
+    )
     parser.add_argument(
         "--modes",
         nargs="+",
@@ -228,10 +316,13 @@ def main(argv: list[str] | None = None) -> int:
         gateway = start_gateway(work, "null")
         try:
             where = (gateway.proc.pid, gateway.http_port, gateway.endpoint)
-            runs = [run_mode(work, where, mode, args.seconds, requests) for mode in args.modes]
+            runs = [run_mode(work, where, mode, args.seconds, requests, args.steps) for mode in args.modes]
         finally:
             gateway.close()
     print(json.dumps([asdict(r) for r in runs], indent=2) if args.json else render(runs, args))
+    for run in runs:
+        if run.profiles and not args.json:
+            print(f"\n{run.profiles}")
     if args.write:
         update_section("agent", render(runs, args))
     return 0
