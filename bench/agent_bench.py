@@ -85,6 +85,19 @@ def thread_cpu(pid: int, tid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
+def cpu_readings(agent_pid: int, gateway_pid: int) -> list[float]:
+    """CPU seconds so far: the agent's process tree, the gateway's, this driver's own process (every thread
+    of it; its tree would also hold the agent and the gateway, which it started), the gateway's loop thread,
+    the agent's (a process's first thread: its id is the pid)."""
+    return [
+        cpu_seconds(agent_pid)[0],
+        cpu_seconds(gateway_pid)[0],
+        time.process_time(),
+        thread_cpu(gateway_pid, gateway_pid),
+        thread_cpu(agent_pid, agent_pid),
+    ]
+
+
 def agent_tasks(stacks: Counter[tuple[Frame, ...]]) -> dict[str, Counter[Frame]]:
     """The agent's loop samples by the task they ran in (the outermost edge_agent function under the
     loop's runner: intake, uplink sender, the gateway's answers, callers, the commit), each counted by
@@ -167,15 +180,7 @@ def run_mode(
     try:
         time.sleep(2.0)  # the agent's start-up (imports, first pongs); measured from the first accepts on
         before, frames_before = accepted(gateway_http)
-        # The driver's own process only (time.process_time, every thread of it): its process tree would
-        # also hold the agent and the gateway, which it started. Each loop thread's id is its pid.
-        cpu_before = [
-            cpu_seconds(agent.pid)[0],
-            cpu_seconds(gateway_pid)[0],
-            time.process_time(),
-            thread_cpu(gateway_pid, gateway_pid),
-            thread_cpu(agent.pid, agent.pid),
-        ]
+        cpu_before = cpu_readings(agent.pid, gateway_pid)
         if steps:  # py-spy from outside, not pausing them: both loops at about 250 samples a second
             samplers = [
                 StackSampler(pid, rate=250, pid=pid, blocking=False) for pid in (gateway_pid, agent.pid)
@@ -186,13 +191,7 @@ def run_mode(
                 sampling.enter_context(sampler)
             asyncio.run(feed(f"tcp://127.0.0.1:{intake}", requests, seconds))
         elapsed = time.monotonic() - started
-        cpu_after = [
-            cpu_seconds(agent.pid)[0],
-            cpu_seconds(gateway_pid)[0],
-            time.process_time(),
-            thread_cpu(gateway_pid, gateway_pid),
-            thread_cpu(agent.pid, agent.pid),
-        ]
+        cpu_after = cpu_readings(agent.pid, gateway_pid)
         after, frames_after = accepted(gateway_http)
     finally:
         agent.terminate()
