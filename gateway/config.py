@@ -139,6 +139,10 @@ class LimitsConfig(_Section):
     # (1 MiB), so only frames no agent's batching sends (and decompression bombs) take the hop.
     inflate_off_loop_bytes: int = Field(default=2 << 20, ge=0)
     inflate_off_loop_max_pending: int = Field(default=4, ge=1)  # beyond it, inflated on the loop
+    # Request frames not marked realtime wait here once read, served in turns, so the reader goes on to
+    # find realtime frames behind them (gateway/ingress/backlog.py); 0 frames: each served as it is read.
+    backlog_frames: int = Field(default=1024, ge=0)
+    backlog_bytes: int = Field(default=256 << 20, ge=0)
 
 
 class ZmqConfig(_Section):

@@ -30,9 +30,11 @@ from gateway.frames.groups import Screened
 from gateway.frames.route import route_frame
 from gateway.frames.wire import request_spans
 from gateway.ingress.auth import AgentAuthenticator, AgentDirectory
+from gateway.ingress.backlog import Backlog
 from gateway.ingress.budget import BUDGETED_KINDS, OVER_BUDGET, AgentBudgets, HeldConnections, over_budget_ack
 from gateway.ingress.carrier import Carrier
 from gateway.ingress.inflate import OffLoopInflater
+from gateway.ingress.reader import READ_BUDGET_S
 from gateway.ops.metrics import GatewayMetrics
 from gateway.replies import ReplyRouter
 from inference.profile import profile_of, wire_priority
@@ -161,8 +163,12 @@ class Ingest:
         )
         self._closed = False
         self.held = HeldConnections()  # connections of agents past their told refusals in a hold
+        self.backlog: Backlog[tuple[_Frame, memoryview]] = Backlog(
+            self._serve, self._serve_failed, limits.backlog_frames, limits.backlog_bytes, READ_BUDGET_S
+        )
         metrics.dedupe_entries.set_function(lambda: len(self.dedupe))
         metrics.inflate_pending.set_function(lambda: self.inflater.pending)
+        metrics.ingest_backlog.set_function(lambda: len(self.backlog))
         # Per-request counts of the frame being handled (cleared as each frame starts), added to the metrics
         # once per frame; keyed by the raw values (model name, enums), made label values once per key.
         self._requests_seen: dict[tuple[str, Priority], int] = {}
@@ -201,8 +207,13 @@ class Ingest:
         now = self._clock()
         self._replies.seen(agent_id, carrier.name, routing_id, now, sent_us=envelope.sent_at_unix_us)
         budgeted = self.budgets.enabled and kind in BUDGETED_KINDS
-        if budgeted and not self._within_budget(carrier, routing_id, envelope, agent_id, now):
-            return
+        if budgeted:
+            if not self._within_budget(carrier, routing_id, envelope, agent_id, now):
+                return
+            # Its bytes are charged as it is admitted, not when it is decoded: the agent's next frames are
+            # admitted against them, also while this one waits in the backlog or the inflate thread.
+            declared = envelope.uncompressed_length if envelope.codec == pb.CODEC_ZSTD else 0
+            self.budgets.charge(agent_id, declared, 0.0, now)
         if kind not in BUDGETED_KINDS:  # the kinds whose payload the gateway reads; others go no further
             self._reject(
                 carrier,
@@ -212,12 +223,32 @@ class Ingest:
             )
             return
         frame = _Frame(carrier, routing_id, envelope, agent_id, region)
-        if self.inflater.takes(envelope):
-            self._take_off_loop(frame, body[1], budgeted)
+        payload = body[1]
+        if (
+            kind == pb.MESSAGE_KIND_REQUEST_BATCH
+            and envelope.priority != pb.PRIORITY_CLASS_REALTIME
+            and not self.draining
+            and self.backlog.offer((frame, payload), len(payload))
+        ):
+            return  # served in a backlog turn; the reader goes on (gateway/ingress/backlog.py)
+        self._serve((frame, payload))
+
+    def _serve(self, read: tuple[_Frame, memoryview]) -> None:
+        """Decode and take a frame (``read``: it and its payload) whose envelope, identity and budget have
+        passed."""
+        frame, payload = read
+        if self.inflater.takes(frame.envelope):
+            self._take_off_loop(frame, payload)
             return
-        decoded = self._decoded(frame, body[1])
+        decoded = self._decoded(frame, payload)
         if decoded is not None:
             self._take(frame, *decoded)
+
+    def _serve_failed(self, read: tuple[_Frame, memoryview], exc: Exception) -> None:
+        """Serving a frame from the backlog raised: counted and logged as a carrier does for one it reads."""
+        carrier = read[0].carrier.name
+        self._metrics.ingest_errors.labels(carrier).inc()
+        log.error("handling a frame failed", carrier=carrier, exc_info=exc)
 
     def _take(self, frame: _Frame, payload: Message, raw: memoryview) -> None:
         """A decoded frame (``raw``: the bytes its payload was parsed from), by kind."""
@@ -330,11 +361,12 @@ class Ingest:
     ) -> tuple[Message, memoryview] | None:
         """The frame's payload message and the bytes it was parsed from; None when refused (answered).
         ``inflated_s``: ``body`` is the payload inflated already, off the loop, in that many of the inflate
-        thread's CPU seconds (its bytes were charged at admission), or why it was refused there.
+        thread's CPU seconds, or why it was refused there.
 
-        What decompressing and parsing cost is charged to the agent's budget, a refusal's too: CPU time, not
-        wall time (a busy host is not the agent's doing). Only that: the screening, routing and serving
-        that follow are the gateway's work for the requests, not the frame's cost."""
+        The time decompressing and parsing took is charged to the agent's budget (its bytes were, when the
+        frame was admitted), a refusal's too: CPU time, not wall time (a busy host is not the agent's
+        doing). Only that: the screening, routing and serving that follow are the gateway's work for the
+        requests, not the frame's cost."""
         envelope = frame.envelope
         budgeted = self.budgets.enabled and envelope.kind in BUDGETED_KINDS
         started = time.thread_time() if budgeted else 0.0
@@ -348,22 +380,16 @@ class Ingest:
             return None
         finally:
             if budgeted:
-                if inflated_s is None:
-                    charged = envelope.uncompressed_length if envelope.codec == pb.CODEC_ZSTD else 0
-                    spent = time.thread_time() - started
-                else:
-                    charged, spent = 0, inflated_s + time.thread_time() - started
-                self.budgets.charge(frame.agent_id, charged, spent)
+                spent = time.thread_time() - started + (inflated_s or 0.0)
+                self.budgets.charge(frame.agent_id, 0, spent)
         return message, memoryview(raw)
 
     # ------------------------------------------------------------------ requests
 
-    def _take_off_loop(self, frame: _Frame, body: memoryview, budgeted: bool) -> None:
+    def _take_off_loop(self, frame: _Frame, body: memoryview) -> None:
         """A large zstd payload (gateway/ingress/inflate.py): decompressed on the inflater's thread while the
-        loop goes on, then parsed and taken here as any other. Its bytes are charged to the agent now, as
-        admitted (the agent's next frame is admitted against them); its decode time when it is back."""
-        if budgeted:
-            self.budgets.charge(frame.agent_id, frame.envelope.uncompressed_length, 0.0)
+        loop goes on, then parsed and taken here as any other; its decode time is charged to the agent when
+        it is back (its bytes were, when it was admitted)."""
         metrics = self._metrics
         metrics.tally.inc(metrics.inflated_off_loop, (frame.carrier.name,))
         self.inflater.submit(frame.envelope, body, functools.partial(self._inflated, frame))
@@ -707,14 +733,22 @@ class Ingest:
         self._replies.flush(every_ack=True)
 
     async def settle(self, timeout_s: float) -> bool:
-        """Take every frame still being inflated off the loop (drain: their requests are answered, as
-        draining, before the replies are flushed); False when some were not back within ``timeout_s``."""
+        """Serve every frame waiting in the backlog and take every frame still being inflated off the loop
+        (drain: their requests are answered, as draining, before the replies are flushed); False when some
+        were not back from the inflate thread within ``timeout_s``."""
+        self.backlog.serve_all()
         return await self.inflater.settle(timeout_s)
 
     def close(self) -> None:
-        """Stop the inflater's thread; a frame it hands back after this is dropped unacknowledged."""
+        """Stop the inflater's thread and forget the backlog: a frame it held, or one the thread hands back
+        after this, is dropped unacknowledged (its agent sends it again); frames read after this are
+        served as they are read."""
         self._closed = True
         self.inflater.close()
+        dropped = self.backlog.clear()
+        self.backlog.max_items = 0
+        if dropped:
+            log.warning("frames waiting in the backlog dropped unacknowledged", frames=dropped)
 
     def hand_back(self, items: list[WorkItem], reason: str) -> None:
         """Answer queued requests UNAVAILABLE (retryable) on drain so the agents send them elsewhere."""

@@ -280,7 +280,10 @@ async def test_every_frame_refusal_is_produced_and_answered_as_documented(models
         for label, frames in cases:
             before, acks_before = rejected(gw, label), set(agent.acks)
             await agent.send_raw(frames)
-            # Replies to one connection keep their order: an Ack for the refused frame comes before this Pong.
+            # A request frame that is not realtime waits for its turn (the backlog: a Ping sent after it may
+            # be answered first): the refusal counted first; then replies to one connection keep their
+            # order, and an Ack for the refused frame comes before this Pong.
+            await wait_for(lambda n=before + 1, r=label: rejected(gw, r) >= n, what=f"{label} counted")
             await agent.ping()
             assert rejected(gw, label) == before + 1, label
             new = {mid: agent.acks[mid] for mid in set(agent.acks) - acks_before}

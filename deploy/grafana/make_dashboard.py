@@ -79,6 +79,11 @@ PANELS = [
         ],
     ),
     (
+        "Request frames waiting in the ingest backlog (not realtime: served in turns)",
+        "none",
+        [("sum(hkgw_ingest_backlog_frames)", "waiting")],
+    ),
+    (
         "Large frames decompressed off the event loop",
         "none",
         [

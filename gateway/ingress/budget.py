@@ -20,9 +20,11 @@ Admission (:meth:`AgentBudgets.admit`) is decided before decompression, from the
 ``uncompressed_length`` (which the codec later holds the payload to) and the balances: the frame goes
 ahead when the bytes bucket holds its cost (or is full, for a frame costing more than the bucket holds)
 and the decode bucket is not in debt. Otherwise it is refused, and the answer is how long until it would
-be admitted: the retry-after the agent is told. The cost is charged afterwards (:meth:`AgentBudgets.charge`)
-with what the decode really took; a frame may drive a bucket into debt (its decode time is not known
-before), and an agent in debt is refused until the refill has paid it back.
+be admitted: the retry-after the agent is told. An admitted frame's bytes are charged at once
+(:meth:`AgentBudgets.charge`: the agent's next frames are admitted against them, also while this one waits
+for its decode), its decode time afterwards, with what the decode really took; a frame may drive a bucket
+into debt (its decode time is not known before), and an agent in debt is refused until the refill has paid
+it back.
 
 Pure logic: no sockets, no logging; the clock is the caller's (``now``) or the injected one.
 """

@@ -266,6 +266,11 @@ class GatewayMetrics:
         self.inflate_pending = Gauge(
             f"{NS}_inflate_pending", "Frames waiting for or in the inflate thread", registry=r
         )
+        self.ingest_backlog = Gauge(
+            f"{NS}_ingest_backlog_frames",
+            "Request frames read and waiting for a turn on the event loop (gateway/ingress/backlog.py)",
+            registry=r,
+        )
 
     def _reply_metrics(self, r: CollectorRegistry) -> None:
         """The way back to agents: answers that found no route, waited for one, or took another carrier."""

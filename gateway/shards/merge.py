@@ -44,6 +44,7 @@ SUMMED_GAUGES = frozenset(
         "hkgw_cpu_workers_busy",
         "hkgw_pending_replies",
         "hkgw_inflate_pending",
+        "hkgw_ingest_backlog_frames",
     }
 )
 """Every gauge the gateway exports is in exactly one of these sets (tests/gateway/shards checks it)."""

@@ -1,0 +1,244 @@
+"""Lone realtime requests while other agents load the gateway with batched frames: old code against new.
+
+    python -m bench.realtime_under_load [--old /tmp/old] [--new .] [--rate 500] [--seconds 5] [--repeats 2]
+                                        [--load-nice 19] [--write]
+
+Two gateways (null backend, bench/gateway_bench.py's config) run one at a time, ``--old`` (a checkout of the
+code before a change, e.g. ``git worktree add /tmp/old HEAD``) and ``--new``, taking turns in each repeat.
+For each: one realtime request per frame from agent ``bench``, open loop at ``--rate`` for ``--seconds``
+(latency from each request's scheduled send time), first alone, then while a load process sends frames of
+100 mixed requests (bench/frame_path.py's mix, fresh ids, from 8 other agent ids) with 8 frames in flight,
+as fast as the gateway answers them. The load process builds its frames before the timed phase and runs at
+``--load-nice`` (19: it takes only the CPU the gateway and the realtime driver leave, as an agent on its own
+host would; 0: it competes for this machine's two cores). Reported per tree and phase: the realtime
+latencies (pooled over the repeats), the gateway's own part of them (the answers' ``timing.total_us``:
+from the frame's decode to the reply), and the load's records/s.
+
+Loopback only (re-run inside ``unshare --net`` as root); every loop is bounded in count and time.
+``--write`` puts the table into docs/BENCHMARKS.md (section ``realtime-under-load``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from multiprocessing.synchronize import Event
+from pathlib import Path
+from typing import Final
+
+import numpy as np
+import zmq
+
+from bench.frame_path import Tree, copies, lone_run, mixed_requests, settle, spread, start_tree, turns
+from bench.gateway_bench import Peer
+from bench.ingest_bench import prebuild
+from bench.netns import REPO, reexec_in_namespace
+from bench.report import machine, stamp, table, update_section
+from edgewire import FrameCodec, pb
+
+WINDOW: Final = 8  # the load's frames in flight
+LOAD_RATE_MAX: Final = 40_000  # records/s the load's frames are built for (it stops when they run out)
+LEAD_S: Final = 1.0  # the load runs this long before the realtime phase starts
+
+
+@dataclass
+class Phase:
+    """The realtime requests of one phase of one tree, pooled over the repeats, and the load beside them."""
+
+    latencies_ms: list[float] = field(default_factory=list)
+    gateway_ms: list[float] = field(default_factory=list)
+    answered: int = 0
+    lost: int = 0
+    load_records: int = 0
+    load_seconds: float = 0.0
+
+
+def load_agent(
+    endpoint: str,
+    frames: int,
+    seconds: float,
+    nice: int,
+    ready: Event,
+    go: Event,
+    out: multiprocessing.Queue[tuple[int, float]],
+) -> None:
+    """A process: build ``frames`` frames of 100 (fresh ids), say ready, then on ``go`` keep ``WINDOW`` of
+    them in flight for ``seconds`` at most (or until they run out); put (records answered, seconds)."""
+    os.nice(nice)
+    built = spread(prebuild(copies(mixed_requests(2, 40)), frames))
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    codec = FrameCodec()
+    ready.set()
+    go.wait(60)
+    answered = sent = in_flight = 0
+    start = time.monotonic()
+    end = start + seconds
+    try:
+        while time.monotonic() < end:
+            while in_flight < WINDOW * 100 and sent < len(built):
+                sock.send_multipart(built[sent])
+                sent += 1
+                in_flight += 100
+            if not in_flight or not sock.poll(1000):
+                break
+            payload = codec.decode(sock.recv_multipart()).payload
+            if isinstance(payload, pb.ResponseBatch):
+                answered += len(payload.responses)
+                in_flight -= len(payload.responses)
+    finally:
+        out.put((answered, time.monotonic() - start))
+        sock.close(0)
+        ctx.term()
+
+
+def loaded_run(
+    peer: Peer, requests: list[pb.InferRequest], rate: float, seconds: float, nice: int, phase: Phase
+) -> None:
+    """One realtime run while the load process loads ``peer``."""
+    context = multiprocessing.get_context("spawn")
+    ready, go, out = context.Event(), context.Event(), context.Queue()
+    frames = int(LOAD_RATE_MAX * (seconds + LEAD_S + 1.0) / 100)
+    load = context.Process(
+        target=load_agent, args=(peer.endpoint, frames, seconds + LEAD_S, nice, ready, go, out)
+    )
+    load.start()
+    try:
+        if not ready.wait(120):
+            raise RuntimeError("the load process did not build its frames in 120 s")
+        go.set()
+        time.sleep(LEAD_S)
+        run = lone_run(peer, [], requests, rate, seconds)
+        records, took = out.get(timeout=seconds + 60)
+    finally:
+        load.join(30)
+        if load.is_alive():
+            load.kill()
+    add(phase, run.latencies_ms, run.gateway_ms, run.answered, run.lost)
+    phase.load_records += records
+    phase.load_seconds += took
+
+
+def add(phase: Phase, latencies: list[float], gateway: list[float], answered: int, lost: int) -> None:
+    phase.latencies_ms += latencies
+    phase.gateway_ms += gateway
+    phase.answered += answered
+    phase.lost += lost
+
+
+def measure(
+    trees: list[Tree], rate: float, seconds: float, repeats: int, nice: int
+) -> dict[str, dict[str, Phase]]:
+    results = {t.label: {"alone": Phase(), "loaded": Phase()} for t in trees}
+    requests = copies(mixed_requests(1, 4))
+    with tempfile.TemporaryDirectory() as tmp:
+        for repeat in range(repeats):
+            for tree in turns(trees, repeat):
+                peer = start_tree(tree, Path(tmp) / f"{tree.label}-{repeat}")
+                try:
+                    lone_run(peer, [], requests, rate, 1.0)  # warm-up
+                    alone = lone_run(peer, [], requests, rate, seconds)
+                    add(
+                        results[tree.label]["alone"],
+                        alone.latencies_ms,
+                        alone.gateway_ms,
+                        alone.answered,
+                        alone.lost,
+                    )
+                    loaded_run(peer, requests, rate, seconds, nice, results[tree.label]["loaded"])
+                    settle(peer)
+                finally:
+                    peer.close()
+                print(
+                    f"[realtime_under_load {time.strftime('%H:%M:%S')}] {tree.label}, repeat {repeat + 1}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    return results
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def render(results: dict[str, dict[str, Phase]], trees: list[Tree], args: argparse.Namespace) -> str:
+    rows = []
+    for tree in trees:
+        for name in ("alone", "loaded"):
+            p = results[tree.label][name]
+            load = f"{p.load_records / p.load_seconds:,.0f}" if p.load_seconds else "-"
+            rows.append(
+                [
+                    tree.label,
+                    "alone" if name == "alone" else "beside the batched load",
+                    f"{p.answered:,} / {p.lost}",
+                    f"{pct(p.latencies_ms, 50):.2f}",
+                    f"{pct(p.latencies_ms, 90):.2f}",
+                    f"{pct(p.latencies_ms, 99):.2f}",
+                    f"{max(p.latencies_ms, default=float('nan')):.1f}",
+                    f"{pct(p.gateway_ms, 50):.2f} / {pct(p.gateway_ms, 99):.2f}",
+                    load,
+                ]
+            )
+    return "\n".join(
+        [
+            "## Realtime requests beside a batched load (issue 24 item 2)",
+            "",
+            f"`python -m bench.realtime_under_load --old {args.old} --rate {args.rate:g} "
+            f"--seconds {args.seconds:g} --repeats {args.repeats} --load-nice {args.load_nice} --write` "
+            f"({stamp()}; {machine()}).",
+            "Lone realtime requests from one agent, open loop, alone and while a load process (nice "
+            f"{args.load_nice}) keeps 8 frames of 100 mixed requests",
+            "in flight from 8 other agents; each tree in turn, latencies pooled over the repeats. The",
+            "gateway's part: its answers' `timing.total_us`, from the frame's decode to the reply (a frame",
+            "waiting to be read is outside it).",
+            "",
+            table(
+                [
+                    "tree",
+                    "realtime requests",
+                    "answered / lost",
+                    "p50 ms",
+                    "p90 ms",
+                    "p99 ms",
+                    "max ms",
+                    "gateway's part p50 / p99 ms",
+                    "load records/s",
+                ],
+                rows,
+            ),
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--old", type=Path, default=Path("/tmp/old"), help="checkout of the code before")
+    parser.add_argument("--new", type=Path, default=REPO, help="checkout of the code after (this one)")
+    parser.add_argument("--rate", type=float, default=500.0, help="realtime requests per second")
+    parser.add_argument("--seconds", type=float, default=5.0, help="one realtime phase")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--load-nice", type=int, default=19, choices=range(0, 20), metavar="0-19")
+    parser.add_argument("--write", action="store_true", help="update docs/BENCHMARKS.md")
+    args = parser.parse_args(argv)
+    code = reexec_in_namespace("bench.realtime_under_load", sys.argv[1:] if argv is None else argv)
+    if code is not None:
+        return code
+    args.old, args.new = args.old.resolve(), args.new.resolve()
+    trees = [Tree("old", args.old), Tree("new", args.new)]
+    report = render(measure(trees, args.rate, args.seconds, args.repeats, args.load_nice), trees, args)
+    print(report)
+    if args.write:
+        update_section("realtime-under-load", report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

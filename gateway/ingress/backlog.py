@@ -1,0 +1,104 @@
+"""Request frames read now and served in turns, so a realtime frame is never read behind a batch of them.
+
+A carrier's ROUTER hands the loop one message at a time, fair-queued across connections: one message per
+connection in turn, whatever each holds. Served as they are read, a frame of 100 batch requests costs the
+loop about a millisecond to decode, screen, route and queue, and the next reader turn comes after the
+batchers' passes: one agent loading the gateway with such frames got one read for each lone realtime
+frame of another agent's, at about 250 turns a second, so realtime frames sent at 500/s queued in
+ZeroMQ, unread, and waited 0.3-1.2 s (bench/realtime_under_load.py; the gateway's own part of those
+requests, from their decode to their reply, stayed under 3 ms).
+
+So the reader takes every frame whose envelope does not say realtime into this backlog once its envelope,
+identity and budget have passed (microseconds), and goes on reading: a realtime frame, a Ping, a
+DictionaryRequest is served as it is read. The backlog is worked off in turns of its own on the loop, in
+arrival order, one frame at least and then frames for up to ``budget_s``, between the reader's turns and
+the batchers' passes. Bounded by frames and by bytes: a frame arriving at a full backlog is served as it is
+read (as before the backlog: the reader's turn ends on its time budget and the rest waits in ZeroMQ, whose
+high-water marks push back on the agents).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class Backlog(Generic[T]):
+    """Items waiting for a turn of ``serve`` on the event loop, oldest first; ``failed`` is told of an item
+    whose ``serve`` raised (the rest go on)."""
+
+    def __init__(
+        self,
+        serve: Callable[[T], None],
+        failed: Callable[[T, Exception], None],
+        max_items: int,
+        max_bytes: int,
+        budget_s: float,
+    ) -> None:
+        self._serve = serve
+        self._failed = failed
+        self.max_items = max_items
+        self.max_bytes = max_bytes
+        self._budget_s = budget_s
+        self._items: deque[tuple[T, int]] = deque()
+        self.bytes = 0
+        self._scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def offer(self, item: T, nbytes: int) -> bool:
+        """Queue ``item`` (holding ``nbytes``) for a turn; False when the backlog is full, or off
+        (``max_items`` 0): the caller serves it now."""
+        if len(self._items) >= self.max_items or (self._items and self.bytes + nbytes > self.max_bytes):
+            return False  # a lone frame over max_bytes still waits its turn when nothing else does
+        self._items.append((item, nbytes))
+        self.bytes += nbytes
+        if not self._scheduled:
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
+            self._loop.call_soon(self._turn)
+            self._scheduled = True
+        return True
+
+    def _turn(self) -> None:
+        """Serve the oldest item, then more while the turn's budget lasts; another turn if any are left."""
+        self._scheduled = False
+        until = time.monotonic() + self._budget_s
+        while self._items:
+            self._serve_next()
+            if time.monotonic() >= until:
+                break
+        if self._items and self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon(self._turn)
+            self._scheduled = True
+
+    def _serve_next(self) -> None:
+        item, nbytes = self._items.popleft()
+        self.bytes -= nbytes
+        try:
+            self._serve(item)
+        except Exception as exc:  # noqa: BLE001  (handed to ``failed``, which counts and logs it)
+            self._failed(item, exc)
+
+    def serve_all(self) -> int:
+        """Serve every item waiting now, at once (the drain: what was read before it is answered); how
+        many."""
+        served = 0
+        while self._items:
+            self._serve_next()
+            served += 1
+        return served
+
+    def clear(self) -> int:
+        """Forget every item waiting (close: unacknowledged, their agents send them again); how many."""
+        dropped = len(self._items)
+        self._items.clear()
+        self.bytes = 0
+        return dropped
