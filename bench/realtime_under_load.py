@@ -8,9 +8,14 @@ code before a change, e.g. ``git worktree add /tmp/old HEAD``) and ``--new``, ta
 For each: one realtime request per frame from agent ``bench``, open loop at ``--rate`` for ``--seconds``
 (latency from each request's scheduled send time), first alone, then while a load process sends frames of
 100 mixed requests (bench/frame_path.py's mix, fresh ids, from 8 other agent ids) with 8 frames in flight,
-as fast as the gateway answers them. The load process builds its frames before the timed phase and runs at
-``--load-nice`` (19: it takes only the CPU the gateway and the realtime driver leave, as an agent on its own
-host would; 0: it competes for this machine's two cores). Reported per tree and phase: the realtime
+as fast as the gateway answers them; its requests are interactive and batch ones (the mix's realtime
+requests made interactive), in frames whose envelope says interactive, as an agent marks a frame with its
+most urgent request's class and, since 2026-12-06, sends realtime requests in frames of their own (a frame
+with a realtime request is served as it is read, as before). The load process builds its frames before the
+timed phase and runs at ``--load-nice`` (19: it takes only the CPU the gateway and the realtime driver
+leave, as an agent on its own host would; 0: it competes for this machine's two cores). Where the gateway
+reads realtime frames behind the load's (the old code), their queue grows for the whole phase: those
+latencies grow with ``--seconds`` and are not a steady state. Reported per tree and phase: the realtime
 latencies (pooled over the repeats), the gateway's own part of them (the answers' ``timing.total_us``:
 from the frame's decode to the reply), and the load's records/s.
 
@@ -70,7 +75,12 @@ def load_agent(
     """A process: build ``frames`` frames of 100 (fresh ids), say ready, then on ``go`` keep ``WINDOW`` of
     them in flight for ``seconds`` at most (or until they run out); put (records answered, seconds)."""
     os.nice(nice)
-    built = spread(prebuild(copies(mixed_requests(2, 40)), frames))
+    requests = copies(mixed_requests(2, 40))
+    for request in requests:  # a loading agent's traffic: interactive and batch, none realtime
+        if request.priority == pb.PRIORITY_CLASS_REALTIME:
+            request.priority = pb.PRIORITY_CLASS_INTERACTIVE
+    # Encoded as INTERACTIVE frames: an agent's envelope names its most urgent request's class.
+    built = spread(prebuild(requests, frames))
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)

@@ -206,14 +206,6 @@ class Ingest:
         kind = envelope.kind
         now = self._clock()
         self._replies.seen(agent_id, carrier.name, routing_id, now, sent_us=envelope.sent_at_unix_us)
-        budgeted = self.budgets.enabled and kind in BUDGETED_KINDS
-        if budgeted:
-            if not self._within_budget(carrier, routing_id, envelope, agent_id, now):
-                return
-            # Its bytes are charged as it is admitted, not when it is decoded: the agent's next frames are
-            # admitted against them, also while this one waits in the backlog or the inflate thread.
-            declared = envelope.uncompressed_length if envelope.codec == pb.CODEC_ZSTD else 0
-            self.budgets.charge(agent_id, declared, 0.0, now)
         if kind not in BUDGETED_KINDS:  # the kinds whose payload the gateway reads; others go no further
             self._reject(
                 carrier,
@@ -231,13 +223,23 @@ class Ingest:
             and self.backlog.offer((frame, payload), len(payload))
         ):
             return  # served in a backlog turn; the reader goes on (gateway/ingress/backlog.py)
-        self._serve((frame, payload))
+        self._serve((frame, payload), now)
 
-    def _serve(self, read: tuple[_Frame, memoryview]) -> None:
-        """Decode and take a frame (``read``: it and its payload) whose envelope, identity and budget have
-        passed."""
+    def _serve(self, read: tuple[_Frame, memoryview], now: float | None = None) -> None:
+        """Admit, decode and take a frame (``read``: it and its payload) whose envelope and identity have
+        passed, as it is read or when its turn in the backlog comes. Its agent's budget is applied here,
+        right before the decode, so each frame is admitted against what the agent's frames before it really
+        cost; its bytes are charged as it is admitted (the agent's next frames are admitted against them,
+        also while this one is in the inflate thread), its decode time when that is done."""
         frame, payload = read
-        if self.inflater.takes(frame.envelope):
+        envelope = frame.envelope
+        if self.budgets.enabled:
+            now = self._clock() if now is None else now
+            if not self._within_budget(frame.carrier, frame.routing_id, envelope, frame.agent_id, now):
+                return
+            declared = envelope.uncompressed_length if envelope.codec == pb.CODEC_ZSTD else 0
+            self.budgets.charge(frame.agent_id, declared, 0.0, now)
+        if self.inflater.takes(envelope):
             self._take_off_loop(frame, payload)
             return
         decoded = self._decoded(frame, payload)

@@ -502,6 +502,9 @@ class Gateway:
             self.metrics.reloads.labels("failed").inc()
             log.error("reload failed; keeping the running config", error=str(exc))
             return False
+        if self.ingest is not None:
+            # Frames read before the reload are served under the keys and policy they were read with.
+            self.ingest.backlog.serve_all()
         changed = self.policy.apply(fresh.routing)
         if agents is not None:
             for directory in (self._auth, self._directory):

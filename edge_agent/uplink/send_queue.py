@@ -77,8 +77,11 @@ class SendQueue:
         idle_wait_s: float,
     ) -> NextFrame:
         """Up to ``max_records`` requests (and about ``max_bytes``: the one crossing it still goes) whose
-        retry-after has passed, most urgent lane first; the rest stay queued. ``idle_wait_s`` is the wait
-        when nothing is queued or held back by a retry-after."""
+        retry-after has passed, all of one class: the most urgent lane that has one; the rest stay queued
+        for the next frames. One class per frame, so the envelope's priority is every request's: the gateway
+        reads a realtime frame ahead of the batch frames read before it (its backlog), and a few realtime
+        requests never make a frame of 100 batch ones realtime. ``idle_wait_s`` is the wait when nothing is
+        queued or held back by a retry-after."""
         while self._later and self._later[0][0] <= now:
             rid = heapq.heappop(self._later)[2]
             lane = self._lane(table, rid)
@@ -88,6 +91,8 @@ class SendQueue:
         size = 0
         taken: set[bytes] = set()
         for lane in self._lanes.values():
+            if chosen.entries:
+                break
             while lane and len(chosen.entries) < max_records and size < max_bytes:
                 rid = lane.popleft()
                 entry = table.get(rid)

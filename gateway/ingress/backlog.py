@@ -8,13 +8,15 @@ frame of another agent's, at about 250 turns a second, so realtime frames sent a
 ZeroMQ, unread, and waited 0.3-1.2 s (bench/realtime_under_load.py; the gateway's own part of those
 requests, from their decode to their reply, stayed under 3 ms).
 
-So the reader takes every frame whose envelope does not say realtime into this backlog once its envelope,
-identity and budget have passed (microseconds), and goes on reading: a realtime frame, a Ping, a
-DictionaryRequest is served as it is read. The backlog is worked off in turns of its own on the loop, in
-arrival order, one frame at least and then frames for up to ``budget_s``, between the reader's turns and
-the batchers' passes. Bounded by frames and by bytes: a frame arriving at a full backlog is served as it is
-read (as before the backlog: the reader's turn ends on its time budget and the rest waits in ZeroMQ, whose
-high-water marks push back on the agents).
+So the reader takes every request frame whose envelope does not say realtime into this backlog once its
+envelope and identity have passed (microseconds), and goes on reading: a realtime frame, a Ping, a
+DictionaryRequest is served as it is read. The agent's cost budget is applied when a frame's turn comes,
+right before its decode, as before the backlog: each frame is admitted against what the ones before it
+really cost. The backlog is worked off in turns of its own on the loop, in arrival order, one frame at
+least and then frames for up to ``budget_s``, between the reader's turns and the batchers' passes.
+Bounded by frames and by bytes: a frame arriving at a full backlog waits after its oldest frames have been
+served to make room (arrival order kept; the reader's turn then ends on its time budget as before the
+backlog, and the rest waits in ZeroMQ, whose high-water marks push back on the agents).
 """
 
 from __future__ import annotations
@@ -54,30 +56,38 @@ class Backlog(Generic[T]):
         return len(self._items)
 
     def offer(self, item: T, nbytes: int) -> bool:
-        """Queue ``item`` (holding ``nbytes``) for a turn; False when the backlog is full, or off
-        (``max_items`` 0): the caller serves it now."""
-        if len(self._items) >= self.max_items or (self._items and self.bytes + nbytes > self.max_bytes):
-            return False  # a lone frame over max_bytes still waits its turn when nothing else does
-        self._items.append((item, nbytes))
-        self.bytes += nbytes
+        """Queue ``item`` (holding ``nbytes``) for a turn, after serving the oldest items now as long as the
+        backlog is full (arrival order kept: a full backlog serves as the reader reads, as before there was
+        one); False when the backlog is off (``max_items`` or ``max_bytes`` 0): the caller serves it now."""
+        if self.max_items <= 0 or self.max_bytes <= 0:
+            return False
+        while self._items and (
+            len(self._items) >= self.max_items or self.bytes + nbytes > self.max_bytes
+        ):  # a lone item larger than max_bytes still waits when nothing else does
+            self._serve_next()
         if not self._scheduled:
-            if self._loop is None:
+            if self._loop is None or self._loop.is_closed():
                 self._loop = asyncio.get_running_loop()
             self._loop.call_soon(self._turn)
             self._scheduled = True
+        self._items.append((item, nbytes))
+        self.bytes += nbytes
         return True
 
     def _turn(self) -> None:
-        """Serve the oldest item, then more while the turn's budget lasts; another turn if any are left."""
+        """Serve the oldest item, then more while the turn's budget lasts; another turn if any are left
+        (also when serving one raised past ``failed``)."""
         self._scheduled = False
         until = time.monotonic() + self._budget_s
-        while self._items:
-            self._serve_next()
-            if time.monotonic() >= until:
-                break
-        if self._items and self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon(self._turn)
-            self._scheduled = True
+        try:
+            while self._items:
+                self._serve_next()
+                if time.monotonic() >= until:
+                    break
+        finally:
+            if self._items and self._loop is not None and not self._loop.is_closed():
+                self._loop.call_soon(self._turn)
+                self._scheduled = True
 
     def _serve_next(self) -> None:
         item, nbytes = self._items.popleft()

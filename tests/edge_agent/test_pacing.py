@@ -57,8 +57,9 @@ def test_the_table_counts_what_the_gateway_holds() -> None:
 
 
 def test_the_queue_sends_realtime_first_and_holds_back_what_waits_out_a_retry_after() -> None:
-    """A realtime request queued behind a batch backlog goes in the next frame; a request refused with
-    a retry-after stays out of frames until it has passed, then goes ahead of newer ones."""
+    """A realtime request queued behind a batch backlog goes in the next frame, alone: a frame holds one
+    class (its envelope's priority is every request's); a request refused with a retry-after stays out of
+    frames until it has passed, then goes ahead of newer ones."""
     table = OutstandingTable(answered_window=64)
     queue = SendQueue()
     backlog = [pb.InferRequest(request_id=new_id(), priority=pb.PRIORITY_CLASS_BATCH) for _ in range(5)]
@@ -67,7 +68,9 @@ def test_the_queue_sends_realtime_first_and_holds_back_what_waits_out_a_retry_af
         table.add(request)
         queue.push(table, [request.request_id])
     first = queue.take(table, now=10.0, wall_us=0, max_records=2, max_bytes=1 << 20, idle_wait_s=1.0)
-    assert [r.request_id for r in first.requests] == [urgent.request_id, backlog[0].request_id]
+    assert [r.request_id for r in first.requests] == [urgent.request_id]
+    batch = queue.take(table, now=10.0, wall_us=0, max_records=1, max_bytes=1 << 20, idle_wait_s=1.0)
+    assert [r.request_id for r in batch.requests] == [backlog[0].request_id]
     refused = table.get(backlog[0].request_id)
     assert refused is not None
     refused.not_before = 10.5

@@ -7,14 +7,19 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
+import pytest
 import zmq
 
 from edgewire import FrameCodec, pb
+from gateway.config import load_config
 from gateway.ingest import Ingest
 from gateway.ingress.backlog import Backlog
-from gateway.testing import WireClient, run_gateway, wait_for
+from gateway.server import Gateway
+from gateway.testing import WireClient, loopback_overrides, run_gateway, wait_for
 from tests.gateway.daemon.test_serving import synthetic
+from tests.test_protocol_conformance import running
 
 INTERACTIVE, REALTIME, BATCH = (
     pb.PRIORITY_CLASS_INTERACTIVE,
@@ -58,18 +63,24 @@ async def test_a_turn_serves_one_item_at_least_then_yields_once_its_budget_is_sp
     assert order[2:] == ["item 1", "item 2"]
 
 
-async def test_the_backlog_is_bounded_by_items_and_bytes() -> None:
-    """A full backlog refuses (the caller serves the item at once); a lone item larger than ``max_bytes``
-    still waits when nothing else does; 0 items: off."""
-    backlog: Backlog[int] = Backlog(lambda i: None, lambda i, e: None, 2, 1000, 1.0)
+async def test_a_full_backlog_serves_its_oldest_to_make_room_and_zero_turns_it_off() -> None:
+    """Bounded by items and by bytes: an item offered to a full backlog waits after the oldest ones have
+    been served now (arrival order kept); a lone item larger than ``max_bytes`` still waits when nothing
+    else does; 0 items or 0 bytes: off (the caller serves every item at once)."""
+    served: list[int] = []
+    backlog: Backlog[int] = Backlog(served.append, lambda i, e: None, 2, 1000, 1.0)
     assert backlog.offer(1, 600)
-    assert not backlog.offer(2, 600)  # 1,200 bytes
-    assert backlog.offer(3, 400)
-    assert not backlog.offer(4, 1)  # 2 items
+    assert backlog.offer(2, 600) and served == [1]  # 1,200 bytes: the oldest served to make room
+    assert backlog.offer(3, 300) and served == [1]
+    assert backlog.offer(4, 1) and served == [1, 2]  # 2 items
+    assert backlog.serve_all() == 2 and served == [1, 2, 3, 4]
+    assert backlog.offer(5, 5000) and served == [1, 2, 3, 4]  # alone: waits
     backlog.clear()
-    assert backlog.offer(5, 5000)  # alone: waits
-    off: Backlog[int] = Backlog(lambda i: None, lambda i, e: None, 0, 1000, 1.0)
-    assert not off.offer(1, 1)
+    for off in (
+        Backlog[int](served.append, lambda i, e: None, 0, 1000, 1.0),
+        Backlog[int](served.append, lambda i, e: None, 5, 0, 1.0),
+    ):
+        assert not off.offer(9, 1) and not off
 
 
 async def test_serve_all_serves_at_once_and_clear_forgets() -> None:
@@ -91,8 +102,7 @@ async def test_serve_all_serves_at_once_and_clear_forgets() -> None:
 def message(
     codec: FrameCodec, requests: list[pb.InferRequest], priority: int, agent: str, routing_id: bytes
 ) -> list[zmq.Frame]:
-    """A request frame as a carrier's ROUTER hands it over, [routing id, envelope, payload]: sent by a real
-    DEALER (``routing_id``) to a ROUTER of the test's own, so it carries a peer's properties."""
+    """A request frame as a carrier's ROUTER hands it over (:func:`received`)."""
     for request in requests:
         request.priority = priority  # type: ignore[assignment]
     frames = codec.encode(
@@ -101,6 +111,12 @@ def message(
         region="us-west",
         priority=priority,  # type: ignore[arg-type]
     )
+    return received(frames, routing_id)
+
+
+def received(frames: list[bytes], routing_id: bytes) -> list[zmq.Frame]:
+    """``frames`` as a carrier's ROUTER hands them over, [routing id, envelope, payload]: sent by a real
+    DEALER (``routing_id``) to a ROUTER of the test's own, so they carry a peer's properties."""
     ctx = zmq.Context.instance()
     router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
     try:
@@ -121,8 +137,8 @@ def accepted(ingest: Ingest, requests: list[pb.InferRequest]) -> list[bool]:
 
 
 async def test_a_realtime_frame_read_behind_batch_frames_is_served_before_them(models_dir: Path) -> None:
-    """Frames read in one reader turn: the batch and interactive ones wait in the backlog, the realtime one
-    (and a Ping) is served as it is read; the others follow in the backlog's turns, every request served."""
+    """Frames read in one reader turn: the batch and interactive ones wait in the backlog, the realtime one is
+    served as it is read; the others follow in the backlog's turns, every request served."""
     async with run_gateway(models_dir=models_dir) as gw:
         ingest, carrier = gw.ingest, gw.carriers["hgc"]
         assert ingest is not None
@@ -142,22 +158,76 @@ async def test_a_realtime_frame_read_behind_batch_frames_is_served_before_them(m
         assert counted(gw, "hkgw_ingest_backlog_frames") == 0
 
 
-async def test_frames_read_while_draining_or_into_a_full_backlog_are_served_at_once(models_dir: Path) -> None:
+async def test_a_full_backlog_serves_its_oldest_frame_and_nothing_waits_while_draining(
+    models_dir: Path,
+) -> None:
     async with run_gateway(models_dir=models_dir, limits={"backlog_frames": 1}) as gw:
         ingest, carrier = gw.ingest, gw.carriers["hgc"]
         assert ingest is not None
         codec = FrameCodec()
         first, second = synthetic(5, seed=60), synthetic(5, seed=61)
         ingest.on_message(carrier, message(codec, first, BATCH, "loader", b"\x00L"))
-        ingest.on_message(carrier, message(codec, second, BATCH, "loader", b"\x00L"))
         assert accepted(ingest, first) == [False] * 5  # waits
-        assert accepted(ingest, second) == [True] * 5  # the backlog was full: served as read
+        ingest.on_message(carrier, message(codec, second, BATCH, "loader", b"\x00L"))
+        assert accepted(ingest, first) == [True] * 5  # served to make room: arrival order kept
+        assert accepted(ingest, second) == [False] * 5
         await wait_for(lambda: not ingest.backlog, what="the backlog worked off")
+        assert accepted(ingest, second) == [True] * 5
         ingest.draining = True
         ingest.on_message(carrier, message(codec, synthetic(5, seed=62), BATCH, "loader", b"\x00L"))
         assert not ingest.backlog  # answered as it is read: nacked DRAINING
         assert counted(gw, "hkgw_requests_nacked_total", reason="draining") == 5
         ingest.draining = False
+
+
+async def test_the_budget_admits_a_waiting_frame_against_what_the_frames_before_it_cost(
+    models_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Frames of one agent read together and waiting in the backlog are admitted one by one when their
+    turn comes, each after the decode time of the ones before it was charged: with a decode budget of 50 ms
+    and 30 ms of CPU per parse, two of ten are decoded and eight refused over_budget (admitted when read,
+    all ten were)."""
+    budget = {"decode_s_per_s": 0.001, "burst_decode_s": 0.05}
+    async with run_gateway(models_dir=models_dir, budget=budget) as gw:
+        ingest, carrier = gw.ingest, gw.carriers["hgc"]
+        assert ingest is not None
+        async with WireClient(gw.endpoint("pccw"), agent_id="warm-up") as warm:  # the pools up and routed to
+            assert [a.status for a in await warm.infer(synthetic(1, seed=99))] == [pb.STATUS_OK]
+        codec = FrameCodec()
+        parse = ingest._codec.parse_payload
+
+        parsed: list[int] = []
+
+        def slow_parse(*args: Any, **kwargs: Any) -> Any:
+            parsed.append(1)
+            end = time.thread_time() + 0.03  # CPU, as the budget counts it
+            while time.thread_time() < end:
+                pass
+            return parse(*args, **kwargs)
+
+        monkeypatch.setattr(ingest._codec, "parse_payload", slow_parse)
+        frames = [synthetic(2, seed=100 + i) for i in range(10)]
+        for requests in frames:
+            ingest.on_message(carrier, message(codec, requests, INTERACTIVE, "parser", b"\x00P"))
+        await wait_for(lambda: not ingest.backlog, what="the backlog worked off")
+        decoded = len(parsed)
+        refused = counted(gw, "hkgw_frames_rejected_total", carrier="hgc", reason="over_budget")
+    assert (decoded, refused) == (2, 8)
+
+
+async def test_frames_waiting_at_a_reload_are_served_before_it(models_dir: Path) -> None:
+    """A SIGHUP reload serves what waits first: frames read before it meet the keys and the routing policy
+    they were read under, not the new ones."""
+    overrides = loopback_overrides(models_dir)
+    async with running(Gateway(load_config(environ={}, overrides=overrides), overrides=overrides)) as gw:
+        ingest, carrier = gw.ingest, gw.carriers["hgc"]
+        assert ingest is not None
+        waiting = synthetic(5, seed=110)
+        ingest.on_message(carrier, message(FrameCodec(), waiting, BATCH, "loader", b"\x00L"))
+        assert len(ingest.backlog) == 1
+        assert gw.reload()
+        assert not ingest.backlog
+        assert accepted(ingest, waiting) == [True] * 5
 
 
 async def test_drain_serves_the_frames_waiting_and_close_drops_them(models_dir: Path) -> None:

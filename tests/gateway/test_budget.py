@@ -295,10 +295,12 @@ async def test_an_over_budget_agent_is_refused_before_decompression_and_told_whe
     ):
         for f in frames:
             await attacker.send_raw(f)
-        await attacker.ping()  # answers to one connection keep their order: every refusal's Ack came first
         # The two admitted ones are decompressed off the loop (4 MiB: limits.inflate_off_loop_bytes), and
-        # refused when they are back; their bytes were charged when they were admitted.
+        # refused when they are back; their bytes were charged when they were admitted. The frames wait for
+        # their turns (the gateway's backlog); each is admitted then.
         await wait_for(lambda: rejected(gw, "hgc", "payload_invalid") >= 2, what="the two bombs refused")
+        await wait_for(lambda: rejected(gw, "hgc", "over_budget") >= 10, what="the ten refused")
+        await attacker.ping()  # answers to one connection keep their order: every refusal's Ack came first
         assert rejected(gw, "hgc", "payload_invalid") == 2
         assert rejected(gw, "hgc", "over_budget") == 10
         refusals = [attacker.acks[pb.Envelope.FromString(f[0]).message_id] for f in frames[2:]]
@@ -325,9 +327,9 @@ async def test_an_agent_flooding_past_its_told_refusals_is_held_until_the_hold_e
         assert ingest is not None
         for f in floods:
             await agent.send_raw(f)
-        await agent.ping()
         refused = TOLD_PER_HOLD + 10
         await wait_for(lambda: rejected(gw, "hgc", "over_budget") == refused, what="the flood refused")
+        await agent.ping()  # after every refusal: their Acks came first
         told = [a for a in agent.acks.values() if a.frame_reject == pb.REJECT_REASON_OVER_BUDGET]
         assert len(told) == TOLD_PER_HOLD
         ends = ingest.budgets.hold_ends("flooder")
@@ -416,8 +418,9 @@ async def test_during_a_full_rate_bomb_flood_another_agent_is_served(models_dir:
             return answers
 
         _, answers = await asyncio.gather(attack(), serve_victim())
-        await attacker.ping()
         await wait_for(lambda: rejected(gw, "hgc", "payload_invalid") >= 1, what="the bomb refused")
+        await wait_for(lambda: rejected(gw, "hgc", "over_budget") >= 299, what="the flood refused")
+        await attacker.ping()  # after every refusal: their Acks came first
         assert rejected(gw, "hgc", "payload_invalid") == 1
         assert rejected(gw, "hgc", "over_budget") == 299
         assert rejected(gw, "pccw", "over_budget") == 0
