@@ -17,7 +17,8 @@ leave, as an agent on its own host would; 0: it competes for this machine's two 
 reads realtime frames behind the load's (the old code), their queue grows for the whole phase: those
 latencies grow with ``--seconds`` and are not a steady state. Reported per tree and phase: the realtime
 latencies (pooled over the repeats), the gateway's own part of them (the answers' ``timing.total_us``:
-from the frame's decode to the reply), and the load's records/s.
+from the frame's read to the reply: its wait in the backlog included since 2026-12-06, from its decode
+before; a frame waiting unread in ZeroMQ is outside it), and the load's records/s.
 
 Loopback only (re-run inside ``unshare --net`` as root); every loop is bounded in count and time.
 ``--write`` puts the table into docs/BENCHMARKS.md (section ``realtime-under-load``).
@@ -205,10 +206,10 @@ def render(results: dict[str, dict[str, Phase]], trees: list[Tree], args: argpar
             f"--seconds {args.seconds:g} --repeats {args.repeats} --load-nice {args.load_nice} --write` "
             f"({stamp()}; {machine()}).",
             "Lone realtime requests from one agent, open loop, alone and while a load process (nice "
-            f"{args.load_nice}) keeps 8 frames of 100 mixed requests",
-            "in flight from 8 other agents; each tree in turn, latencies pooled over the repeats. The",
-            "gateway's part: its answers' `timing.total_us`, from the frame's decode to the reply (a frame",
-            "waiting to be read is outside it).",
+            f"{args.load_nice}) keeps 8 frames of 100",
+            "interactive and batch requests in flight from 8 other agents; each tree in turn, latencies",
+            "pooled over the repeats. The gateway's part: its answers' `timing.total_us`, from the frame's",
+            "read to the reply (the old code: from its decode; a frame unread in ZeroMQ is outside it).",
             "",
             table(
                 [

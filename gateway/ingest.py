@@ -94,6 +94,7 @@ class _Frame:
     envelope: pb.Envelope
     agent_id: str
     region: str
+    read_at: float  # when the reader took it (the ingest clock): its requests' receipt, backlog wait included
 
 
 class _LiveSignals(Mapping[str, PoolSignals]):
@@ -214,7 +215,7 @@ class Ingest:
                 FrameError(pb.REJECT_REASON_UNEXPECTED_KIND, KIND_LABELS.get(kind, str(kind))),
             )
             return
-        frame = _Frame(carrier, routing_id, envelope, agent_id, region)
+        frame = _Frame(carrier, routing_id, envelope, agent_id, region, now)
         payload = body[1]
         if (
             kind == pb.MESSAGE_KIND_REQUEST_BATCH
@@ -484,8 +485,9 @@ class Ingest:
         decision: Decision,
         spans: list[memoryview] | None,
     ) -> list[WorkItem]:
-        """The work items of the screened requests at ``members``, in frame order, routed by ``decision``."""
-        agent, region, carrier = frame.agent_id, frame.region, frame.carrier.name
+        """The work items of the screened requests at ``members``, in frame order, routed by ``decision``;
+        received when the frame was read (a wait in the backlog or the inflate thread is the gateway's)."""
+        agent, region, carrier, received = frame.agent_id, frame.region, frame.carrier.name, frame.read_at
         requests, priorities, remaining, sizes = (
             screened.requests,
             screened.priorities,
@@ -502,7 +504,7 @@ class Ingest:
                     region,
                     carrier,
                     priorities[index],
-                    now,
+                    received,
                     None if left is None else now + left,
                     decision,
                     sizes[index][4],

@@ -5,9 +5,9 @@ connection in turn, whatever each holds. Served as they are read, a frame of 100
 loop about a millisecond to decode, screen, route and queue, and the next reader turn comes after the
 batchers' passes: one agent loading the gateway with such frames got one read for each lone realtime
 frame of another agent's, at about 250 turns a second, so realtime frames sent at 500/s queued in
-ZeroMQ, unread, and waited 1.2 s at p50 and 2.4 s at p99 (bench/realtime_under_load.py; the gateway's
-own part of those requests, from their decode to their reply, stayed under 3 ms); with the backlog, 7 ms
-and 19 ms.
+ZeroMQ, unread, and waited 1.1-1.3 s at p50 and 2.1-2.6 s at p99 (bench/realtime_under_load.py; the
+gateway's own part of those requests, from their decode to their reply, stayed under 3 ms); with the
+backlog, 6-7 ms and 12-25 ms.
 
 So the reader takes every request frame whose envelope does not say realtime into this backlog once its
 envelope and identity have passed (microseconds), and goes on reading: a realtime frame, a Ping, a

@@ -279,3 +279,39 @@ async def test_agents_sending_batches_and_realtime_requests_have_every_one_answe
 def counted(gw: object, name: str, **labels: str) -> float:
     registry = gw.metrics.registry  # type: ignore[attr-defined]
     return float(registry.get_sample_value(name, labels) or 0.0)
+
+
+def latency_totals(gw: Gateway) -> tuple[float, float]:
+    """(sum, count) of hkgw_request_latency_seconds over every label."""
+    total = count = 0.0
+    for family in gw.metrics.registry.collect():
+        if family.name == "hkgw_request_latency_seconds":
+            for sample in family.samples:
+                if sample.name.endswith("_sum"):
+                    total += sample.value
+                elif sample.name.endswith("_count"):
+                    count += sample.value
+    return total, count
+
+
+async def test_a_frames_wait_in_the_backlog_is_in_its_requests_latency(models_dir: Path) -> None:
+    """Receipt is when the reader took the frame: the time it waited for its turn is in its answers'
+    latency (the histogram, and so ``timing.total_us``), not hidden before it."""
+    async with run_gateway(models_dir=models_dir) as gw:
+        ingest, carrier = gw.ingest, gw.carriers["hgc"]
+        assert ingest is not None
+        async with WireClient(gw.endpoint("pccw"), agent_id="warm-up") as warm:  # the pools up and routed to
+            assert [a.status for a in await warm.infer(synthetic(1, seed=119))] == [pb.STATUS_OK]
+        before_sum, before_count = latency_totals(gw)
+        requests = synthetic(5, seed=120)
+        ingest.on_message(carrier, message(FrameCodec(), requests, INTERACTIVE, "loader", b"\x00L"))
+        assert len(ingest.backlog) == 1
+        busy_until = (
+            time.monotonic() + 0.06
+        )  # the loop busy elsewhere: the frame waits this long for its turn
+        while time.monotonic() < busy_until:
+            pass
+        await wait_for(lambda: latency_totals(gw)[1] >= before_count + 5, what="the five answered")
+        total, count = latency_totals(gw)
+    assert count - before_count == 5
+    assert total - before_sum >= 5 * 0.06
