@@ -165,7 +165,11 @@ class Ingest:
         self._closed = False
         self.held = HeldConnections()  # connections of agents past their told refusals in a hold
         self.backlog: Backlog[tuple[_Frame, memoryview]] = Backlog(
-            self._serve, self._serve_failed, limits.backlog_frames, limits.backlog_bytes, READ_BUDGET_S
+            self._serve,
+            lambda read, exc: self._frame_failed(read[0], exc),
+            limits.backlog_frames,
+            limits.backlog_bytes,
+            READ_BUDGET_S,
         )
         metrics.dedupe_entries.set_function(lambda: len(self.dedupe))
         metrics.inflate_pending.set_function(lambda: self.inflater.pending)
@@ -238,8 +242,6 @@ class Ingest:
             now = self._clock() if now is None else now
             if not self._within_budget(frame.carrier, frame.routing_id, envelope, frame.agent_id, now):
                 return
-            declared = envelope.uncompressed_length if envelope.codec == pb.CODEC_ZSTD else 0
-            self.budgets.charge(frame.agent_id, declared, 0.0, now)
         if self.inflater.takes(envelope):
             self._take_off_loop(frame, payload)
             return
@@ -247,11 +249,11 @@ class Ingest:
         if decoded is not None:
             self._take(frame, *decoded)
 
-    def _serve_failed(self, read: tuple[_Frame, memoryview], exc: Exception) -> None:
-        """Serving a frame from the backlog raised: counted and logged as a carrier does for one it reads."""
-        carrier = read[0].carrier.name
-        self._metrics.ingest_errors.labels(carrier).inc()
-        log.error("handling a frame failed", carrier=carrier, exc_info=exc)
+    def _frame_failed(self, frame: _Frame, exc: Exception) -> None:
+        """Handling a frame outside the carrier's call (a backlog turn, back from the inflate thread) raised:
+        counted and logged as a carrier does for the frames it hands over; the next frames go on."""
+        self._metrics.ingest_errors.labels(frame.carrier.name).inc()
+        log.error("handling a frame failed", carrier=frame.carrier.name, exc_info=exc)
 
     def _take(self, frame: _Frame, payload: Message, raw: memoryview) -> None:
         """A decoded frame (``raw``: the bytes its payload was parsed from), by kind."""
@@ -267,13 +269,15 @@ class Ingest:
     def _within_budget(
         self, carrier: Carrier, routing_id: bytes, envelope: pb.Envelope, agent_id: str, now: float
     ) -> bool:
-        """Whether the agent's budget admits the frame; if not, it is refused before decompression: counted
+        """Whether the agent's budget admits the frame; if it does, the bytes it declares are charged now
+        (its decode time is when the decode is done). If not, it is refused before decompression: counted
         and logged as every refusal, a request batch answered with an Ack carrying the retry-after (the first
         :data:`TOLD_PER_HOLD` of a hold; after them its connection is held, :class:`HeldConnections`)."""
         is_batch = envelope.kind == pb.MESSAGE_KIND_REQUEST_BATCH
         inflated = envelope.uncompressed_length if envelope.codec == pb.CODEC_ZSTD else 0
         wait_s = self.budgets.admit(agent_id, inflated, now, control=not is_batch)
         if wait_s is None:
+            self.budgets.charge(agent_id, inflated, 0.0, now)
             return True
         self._reject(carrier, routing_id, b"", OVER_BUDGET, answer=False)
         if is_batch:
@@ -408,9 +412,8 @@ class Ingest:
             decoded = self._decoded(frame, raw, inflated_s=inflate_s)
             if decoded is not None:
                 self._take(frame, *decoded)
-        except Exception:  # a bug in handling one frame must not go unseen, nor stop the next
-            self._metrics.ingest_errors.labels(frame.carrier.name).inc()
-            log.exception("handling a frame failed", carrier=frame.carrier.name)
+        except Exception as exc:  # noqa: BLE001  (a bug in handling one frame: counted and logged there)
+            self._frame_failed(frame, exc)
 
     def _take_batch(self, frame: _Frame, batch: pb.RequestBatch, payload: memoryview) -> None:
         """A decoded request batch (``payload``: the bytes it was parsed from), per frame: screened request
@@ -749,8 +752,7 @@ class Ingest:
         served as they are read."""
         self._closed = True
         self.inflater.close()
-        dropped = self.backlog.clear()
-        self.backlog.max_items = 0
+        dropped = self.backlog.close()
         if dropped:
             log.warning("frames waiting in the backlog dropped unacknowledged", frames=dropped)
 

@@ -107,9 +107,11 @@ class Backlog(Generic[T]):
             served += 1
         return served
 
-    def clear(self) -> int:
-        """Forget every item waiting (close: unacknowledged, their agents send them again); how many."""
+    def close(self) -> int:
+        """Forget every item waiting (unacknowledged: their agents send them again) and take no more (an
+        offer is refused: served at once); how many were forgotten."""
         dropped = len(self._items)
         self._items.clear()
         self.bytes = 0
+        self.max_items = 0
         return dropped

@@ -75,7 +75,7 @@ async def test_a_full_backlog_serves_its_oldest_to_make_room_and_zero_turns_it_o
     assert backlog.offer(4, 1) and served == [1, 2]  # 2 items
     assert backlog.serve_all() == 2 and served == [1, 2, 3, 4]
     assert backlog.offer(5, 5000) and served == [1, 2, 3, 4]  # alone: waits
-    backlog.clear()
+    assert backlog.serve_all() == 1
     for off in (
         Backlog[int](served.append, lambda i, e: None, 0, 1000, 1.0),
         Backlog[int](served.append, lambda i, e: None, 5, 0, 1.0),
@@ -83,7 +83,7 @@ async def test_a_full_backlog_serves_its_oldest_to_make_room_and_zero_turns_it_o
         assert not off.offer(9, 1) and not off
 
 
-async def test_serve_all_serves_at_once_and_clear_forgets() -> None:
+async def test_serve_all_serves_at_once_and_close_forgets_and_takes_no_more() -> None:
     served: list[int] = []
     backlog: Backlog[int] = Backlog(served.append, lambda i, e: None, 10, 1 << 20, 1.0)
     for i in range(3):
@@ -91,9 +91,12 @@ async def test_serve_all_serves_at_once_and_clear_forgets() -> None:
     assert backlog.serve_all() == 3 and served == [0, 1, 2] and not backlog
     for i in range(2):
         backlog.offer(i, 1)
-    assert backlog.clear() == 2 and not backlog and backlog.bytes == 0
-    await asyncio.sleep(0)  # the turn scheduled by the offers finds nothing
-    assert served == [0, 1, 2]
+    assert backlog.close() == 2 and not backlog and backlog.bytes == 0
+    assert not backlog.offer(7, 1)  # closed: the caller serves it
+    after_the_turn = asyncio.Event()
+    asyncio.get_running_loop().call_soon(after_the_turn.set)  # behind the turn the offers scheduled
+    await after_the_turn.wait()
+    assert served == [0, 1, 2]  # that turn found nothing
 
 
 # ------------------------------------------------------------------------------------- in a gateway
