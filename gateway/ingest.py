@@ -734,6 +734,8 @@ class Ingest:
             tally.observe(metrics.latency, (tier, pool), elapsed, n)
         for (agent_id, carrier), batch in outbox.items():
             self._replies.respond_many(agent_id, batch, carrier)
+        if items and items[0].priority is Priority.REALTIME:  # a batch with realtime requests leads with one
+            self._replies.send_now()
 
     def flush_replies(self) -> None:
         """Send every reply ready, Acks still held for answers included (drain)."""

@@ -1,0 +1,102 @@
+"""Realtime answers leave as their batch is answered; other answers at the end of the loop's tick.
+
+A tick's replies are sent by one callback queued behind everything queued before it: under a batched load,
+the ingest backlog's next turn and the batchers' passes, which realtime answers waited 1-3 ms for
+(bench/realtime_under_load.py). What is tested is the order on the loop: the backend queues a marker
+callback as it answers, and the carrier notes when the answer is sent, before or after that marker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from zmq import Frame
+
+from edge_agent.synthetic import SyntheticTraffic
+from edgewire import FrameCodec, pb
+from gateway.server import Gateway
+from gateway.testing import (
+    FaultInjectingBackend,
+    WireClient,
+    fault_injecting_pools,
+    fresh_requests,
+    run_gateway,
+)
+from inference.backends.base import InferCall, InferResult
+
+
+class LoopOrder:
+    """Events in the order the loop ran them: the backend's answers (each queues a marker callback as it
+    returns) and the answer frames the carriers sent."""
+
+    def __init__(self, gw: Gateway, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.events: list[str] = []
+        self.sent = asyncio.Event()
+        self._codec = FrameCodec()
+        for backend in gw.backends.values():
+            assert isinstance(backend, FaultInjectingBackend)
+            monkeypatch.setattr(backend, "infer", self._marking(backend.infer))
+        for carrier in gw.carriers.values():
+            monkeypatch.setattr(carrier, "send", self._noting(carrier.send))
+
+    def _marking(self, infer: Any) -> Any:
+        async def marked(call: InferCall) -> InferResult:
+            result: InferResult = await infer(call)
+            self.events.append("answered")
+            asyncio.get_running_loop().call_soon(self.events.append, "next callback")
+            return result
+
+        return marked
+
+    def _noting(self, send: Any) -> Any:
+        def noted(routing_id: bytes, frames: list[bytes | Frame]) -> str:
+            decoded = self._codec.decode([f.bytes if isinstance(f, Frame) else f for f in frames])
+            if isinstance(decoded.payload, pb.ResponseBatch) and decoded.payload.responses:
+                self.events.append("answer sent")
+                self.sent.set()
+            result: str = send(routing_id, frames)
+            return result
+
+        return noted
+
+
+def one_request(priority: pb.PriorityClass.ValueType) -> list[pb.InferRequest]:
+    request = fresh_requests([SyntheticTraffic(5).take(1)[0].request], budget_s=30.0)[0]
+    request.model_name, request.model_version = "rank-mlp", ""
+    request.priority = priority
+    return [request]
+
+
+async def answered_in_order(
+    models_dir: Path, monkeypatch: pytest.MonkeyPatch, priority: pb.PriorityClass.ValueType
+) -> list[str]:
+    requests = one_request(priority)
+    async with (
+        run_gateway(models_dir=models_dir, **fault_injecting_pools({"type": "null"})) as gw,
+        WireClient(gw.endpoint("hgc")) as agent,
+    ):
+        order = LoopOrder(gw, monkeypatch)
+        await agent.send(requests, priority=priority)
+        (response,) = await agent.wait_responses([r.request_id for r in requests])
+        assert response.status == pb.STATUS_OK
+        await asyncio.wait_for(order.sent.wait(), 10)
+        return order.events[:3]
+
+
+async def test_realtime_answer_is_sent_before_the_next_callback(
+    models_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of realtime requests: its answers go out before anything queued on the loop after it."""
+    events = await answered_in_order(models_dir, monkeypatch, pb.PRIORITY_CLASS_REALTIME)
+    assert events == ["answered", "answer sent", "next callback"]
+
+
+async def test_interactive_answer_waits_for_the_end_of_the_tick(
+    models_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Interactive and batch answers are coalesced per tick (one frame per agent and carrier)."""
+    events = await answered_in_order(models_dir, monkeypatch, pb.PRIORITY_CLASS_INTERACTIVE)
+    assert events == ["answered", "next callback", "answer sent"]
