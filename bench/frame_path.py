@@ -412,10 +412,15 @@ def batched_run(
 
 
 def lone_run(
-    peer: Peer, idle: Sequence[Peer], requests: list[pb.InferRequest], rate: float, seconds: float
+    peer: Peer,
+    idle: Sequence[Peer],
+    requests: list[pb.InferRequest],
+    rate: float,
+    seconds: float,
+    priority: pb.PriorityClass.ValueType = pb.PRIORITY_CLASS_REALTIME,
 ) -> Lone:
     with Watch(peer, idle) as watch:
-        run = open_loop(peer, requests, rate, seconds)
+        run = open_loop(peer, requests, rate, seconds, priority)
     refused = int(rate * seconds) - run["answered"] - run["lost"]
     return Lone(
         rate,

@@ -360,10 +360,12 @@ def open_loop_drive(
     agent_id: str = "bench",
     budget_s: float = 5.0,
     wait_s: float = 10.0,
+    priority: pb.PriorityClass.ValueType = pb.PRIORITY_CLASS_REALTIME,
 ) -> float:
-    """Send one realtime request per frame at ``rate``/s for ``seconds`` as ``agent_id``, each stamped
-    with its scheduled send time (no coordinated omission) and a deadline ``budget_s`` on; wait up to
-    ``wait_s`` for the answers; the seconds it all took."""
+    """Send one request per frame (``priority``: its class and its frame's, realtime unless said) at
+    ``rate``/s for ``seconds`` as ``agent_id``, each stamped with its scheduled send time (no coordinated
+    omission) and a deadline ``budget_s`` on; wait up to ``wait_s`` for the answers; the seconds it all
+    took."""
     codec = tracker.codec
     poller = zmq.Poller()
     poller.register(peer.sock, zmq.POLLIN)
@@ -375,13 +377,13 @@ def open_loop_drive(
             if poller.poll(max(0, int((scheduled - now) * 1000))):
                 drain(peer, tracker)
         request = requests[i % len(requests)]
-        request.priority = pb.PRIORITY_CLASS_REALTIME
+        request.priority = priority
         restamp([request], budget_s)
         frames = codec.encode(
             pb.RequestBatch(requests=[request]),
             agent_id=agent_id,
             region="us-west",
-            priority=pb.PRIORITY_CLASS_REALTIME,
+            priority=priority,
             features=FEATURES,
         )
         tracker.sent(frames, [request], scheduled)

@@ -94,10 +94,17 @@ class TierTracker(Tracker):
         super().received(frames, at)
 
 
-def open_loop(peer: Peer, requests: list[pb.InferRequest], rate: float, seconds: float) -> dict[str, Any]:
-    """One realtime request per frame at ``rate``/s for ``seconds``; latencies from the scheduled times."""
+def open_loop(
+    peer: Peer,
+    requests: list[pb.InferRequest],
+    rate: float,
+    seconds: float,
+    priority: pb.PriorityClass.ValueType = pb.PRIORITY_CLASS_REALTIME,
+) -> dict[str, Any]:
+    """One request per frame (realtime unless ``priority`` says) at ``rate``/s for ``seconds``; latencies
+    from the scheduled times."""
     tracker = TierTracker(FrameCodec(), not peer.name.startswith("echo"))
-    elapsed = open_loop_drive(peer, requests, rate, seconds, tracker)
+    elapsed = open_loop_drive(peer, requests, rate, seconds, tracker, priority=priority)
     total = int(rate * seconds)
     lat = np.array(tracker.latencies) * 1e3
     return {

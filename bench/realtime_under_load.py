@@ -1,7 +1,8 @@
 """Lone realtime requests while other agents load the gateway with batched frames: old code against new.
 
     python -m bench.realtime_under_load [--old /tmp/old] [--new .] [--rate 500] [--seconds 5] [--repeats 2]
-                                        [--load-nice 19] [--write]
+                                        [--load-nice 19] [--lone interactive --load-window 64
+                                        --load-agents 1] [--write]
 
 Two gateways (null backend, bench/gateway_bench.py's config) run one at a time, ``--old`` (a checkout of the
 code before a change, e.g. ``git worktree add /tmp/old HEAD``) and ``--new``, taking turns in each repeat.
@@ -20,8 +21,14 @@ latencies (pooled over the repeats), the gateway's own part of them (the answers
 from the frame's read to the reply: its wait in the backlog included since 2026-12-06, from its decode
 before; a frame waiting unread in ZeroMQ is outside it), and the load's records/s.
 
+``--lone interactive`` sends the lone requests as interactive ones (in interactive frames, which wait in
+the ingest backlog as the load's do), and ``--load-window`` / ``--load-agents`` make the load one agent
+with many frames in flight: how long one agent's frame waits behind another agent's frames in the backlog
+(one frame of each agent waiting since 2026-12-06, all of them before).
+
 Loopback only (re-run inside ``unshare --net`` as root); every loop is bounded in count and time.
-``--write`` puts the table into docs/BENCHMARKS.md (section ``realtime-under-load``).
+``--write`` puts the table into docs/BENCHMARKS.md (section ``realtime-under-load``, or
+``interactive-beside-a-flood`` with ``--lone interactive``).
 """
 
 from __future__ import annotations
@@ -47,7 +54,8 @@ from bench.netns import REPO, reexec_in_namespace
 from bench.report import machine, stamp, table, update_section
 from edgewire import FrameCodec, pb
 
-WINDOW: Final = 8  # the load's frames in flight
+WINDOW: Final = 8  # the load's frames in flight (--load-window)
+LONE: Final = {"realtime": pb.PRIORITY_CLASS_REALTIME, "interactive": pb.PRIORITY_CLASS_INTERACTIVE}
 LOAD_RATE_MAX: Final = 40_000  # records/s the load's frames are built for (it stops when they run out)
 LEAD_S: Final = 1.0  # the load runs this long before the realtime phase starts
 
@@ -64,24 +72,34 @@ class Phase:
     load_seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class Load:
+    """The load beside the lone requests: its process's nice value, its frames in flight, its agent ids."""
+
+    nice: int = 19
+    window: int = WINDOW
+    agents: int = 8
+
+
 def load_agent(
     endpoint: str,
     frames: int,
     seconds: float,
-    nice: int,
+    load: Load,
     ready: Event,
     go: Event,
     out: multiprocessing.Queue[tuple[int, float]],
 ) -> None:
-    """A process: build ``frames`` frames of 100 (fresh ids), say ready, then on ``go`` keep ``WINDOW`` of
-    them in flight for ``seconds`` at most (or until they run out); put (records answered, seconds)."""
-    os.nice(nice)
+    """A process: build ``frames`` frames of 100 (fresh ids, from ``load.agents`` agent ids in turn), say
+    ready, then on ``go`` keep ``load.window`` of them in flight for ``seconds`` at most (or until they run
+    out); put (records answered, seconds)."""
+    os.nice(load.nice)
     requests = copies(mixed_requests(2, 40))
     for request in requests:  # a loading agent's traffic: interactive and batch, none realtime
         if request.priority == pb.PRIORITY_CLASS_REALTIME:
             request.priority = pb.PRIORITY_CLASS_INTERACTIVE
     # Encoded as INTERACTIVE frames: an agent's envelope names its most urgent request's class.
-    built = spread(prebuild(requests, frames))
+    built = spread(prebuild(requests, frames), load.agents)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -94,7 +112,7 @@ def load_agent(
     end = start + seconds
     try:
         while time.monotonic() < end:
-            while in_flight < WINDOW * 100 and sent < len(built):
+            while in_flight < load.window * 100 and sent < len(built):
                 sock.send_multipart(built[sent])
                 sent += 1
                 in_flight += 100
@@ -111,27 +129,33 @@ def load_agent(
 
 
 def loaded_run(
-    peer: Peer, requests: list[pb.InferRequest], rate: float, seconds: float, nice: int, phase: Phase
+    peer: Peer,
+    requests: list[pb.InferRequest],
+    rate: float,
+    seconds: float,
+    load: Load,
+    lone: pb.PriorityClass.ValueType,
+    phase: Phase,
 ) -> None:
-    """One realtime run while the load process loads ``peer``."""
+    """One run of lone requests (class ``lone``) while the load process loads ``peer``."""
     context = multiprocessing.get_context("spawn")
     ready, go, out = context.Event(), context.Event(), context.Queue()
     frames = int(LOAD_RATE_MAX * (seconds + LEAD_S + 1.0) / 100)
-    load = context.Process(
-        target=load_agent, args=(peer.endpoint, frames, seconds + LEAD_S, nice, ready, go, out)
+    process = context.Process(
+        target=load_agent, args=(peer.endpoint, frames, seconds + LEAD_S, load, ready, go, out)
     )
-    load.start()
+    process.start()
     try:
         if not ready.wait(120):
             raise RuntimeError("the load process did not build its frames in 120 s")
         go.set()
         time.sleep(LEAD_S)
-        run = lone_run(peer, [], requests, rate, seconds)
+        run = lone_run(peer, [], requests, rate, seconds, lone)
         records, took = out.get(timeout=seconds + 60)
     finally:
-        load.join(30)
-        if load.is_alive():
-            load.kill()
+        process.join(30)
+        if process.is_alive():
+            process.kill()
     add(phase, run.latencies_ms, run.gateway_ms, run.answered, run.lost)
     phase.load_records += records
     phase.load_seconds += took
@@ -145,7 +169,12 @@ def add(phase: Phase, latencies: list[float], gateway: list[float], answered: in
 
 
 def measure(
-    trees: list[Tree], rate: float, seconds: float, repeats: int, nice: int
+    trees: list[Tree],
+    rate: float,
+    seconds: float,
+    repeats: int,
+    load: Load,
+    lone: pb.PriorityClass.ValueType = pb.PRIORITY_CLASS_REALTIME,
 ) -> dict[str, dict[str, Phase]]:
     results = {t.label: {"alone": Phase(), "loaded": Phase()} for t in trees}
     requests = copies(mixed_requests(1, 4))
@@ -154,8 +183,8 @@ def measure(
             for tree in turns(trees, repeat):
                 peer = start_tree(tree, Path(tmp) / f"{tree.label}-{repeat}")
                 try:
-                    lone_run(peer, [], requests, rate, 1.0)  # warm-up
-                    alone = lone_run(peer, [], requests, rate, seconds)
+                    lone_run(peer, [], requests, rate, 1.0, lone)  # warm-up
+                    alone = lone_run(peer, [], requests, rate, seconds, lone)
                     add(
                         results[tree.label]["alone"],
                         alone.latencies_ms,
@@ -163,7 +192,7 @@ def measure(
                         alone.answered,
                         alone.lost,
                     )
-                    loaded_run(peer, requests, rate, seconds, nice, results[tree.label]["loaded"])
+                    loaded_run(peer, requests, rate, seconds, load, lone, results[tree.label]["loaded"])
                     settle(peer)
                 finally:
                     peer.close()
@@ -198,23 +227,30 @@ def render(results: dict[str, dict[str, Phase]], trees: list[Tree], args: argpar
                     load,
                 ]
             )
+    realtime = args.lone == "realtime"
+    options = "" if realtime else f" --lone {args.lone}"
+    if args.load_window != WINDOW or args.load_agents != Load.agents:
+        options += f" --load-window {args.load_window} --load-agents {args.load_agents}"
+    agents = "1 other agent" if args.load_agents == 1 else f"{args.load_agents} other agents"
     return "\n".join(
         [
-            "## Realtime requests beside a batched load (issue 24 item 2)",
+            "## Realtime requests beside a batched load (issue 24 item 2)"
+            if realtime
+            else "## One agent's interactive requests beside another agent's flood of frames",
             "",
             f"`python -m bench.realtime_under_load --old {args.old} --rate {args.rate:g} "
-            f"--seconds {args.seconds:g} --repeats {args.repeats} --load-nice {args.load_nice} --write` "
-            f"({stamp()}; {machine()}).",
-            "Lone realtime requests from one agent, open loop, alone and while a load process (nice "
-            f"{args.load_nice}) keeps 8 frames of 100",
-            "interactive and batch requests in flight from 8 other agents; each tree in turn, latencies",
+            f"--seconds {args.seconds:g} --repeats {args.repeats} --load-nice {args.load_nice}{options} "
+            f"--write` ({stamp()}; {machine()}).",
+            f"Lone {args.lone} requests from one agent (one per frame), open loop, alone and while a load "
+            f"process (nice {args.load_nice}) keeps {args.load_window} frames of 100",
+            f"interactive and batch requests in flight from {agents}; each tree in turn, latencies",
             "pooled over the repeats. The gateway's part: its answers' `timing.total_us`, from the frame's",
             "read to the reply (the old code: from its decode; a frame unread in ZeroMQ is outside it).",
             "",
             table(
                 [
                     "tree",
-                    "realtime requests",
+                    f"{args.lone} requests",
                     "answered / lost",
                     "p50 ms",
                     "p90 ms",
@@ -237,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="one realtime phase")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--load-nice", type=int, default=19, choices=range(0, 20), metavar="0-19")
+    parser.add_argument("--lone", choices=sorted(LONE), default="realtime", help="the lone requests' class")
+    parser.add_argument("--load-window", type=int, default=WINDOW, help="the load's frames in flight")
+    parser.add_argument("--load-agents", type=int, default=Load.agents, help="the load's agent ids")
     parser.add_argument("--write", action="store_true", help="update docs/BENCHMARKS.md")
     args = parser.parse_args(argv)
     code = reexec_in_namespace("bench.realtime_under_load", sys.argv[1:] if argv is None else argv)
@@ -244,10 +283,13 @@ def main(argv: list[str] | None = None) -> int:
         return code
     args.old, args.new = args.old.resolve(), args.new.resolve()
     trees = [Tree("old", args.old), Tree("new", args.new)]
-    report = render(measure(trees, args.rate, args.seconds, args.repeats, args.load_nice), trees, args)
+    load = Load(args.load_nice, args.load_window, args.load_agents)
+    results = measure(trees, args.rate, args.seconds, args.repeats, load, LONE[args.lone])
+    report = render(results, trees, args)
     print(report)
     if args.write:
-        update_section("realtime-under-load", report)
+        section = "realtime-under-load" if args.lone == "realtime" else "interactive-beside-a-flood"
+        update_section(section, report)
     return 0
 
 

@@ -63,6 +63,9 @@ _REJECT_NACKS: dict[Reason, pb.NackReason.ValueType] = {
 }
 RETRYABLE_NACKS = frozenset({pb.NACK_REASON_OVERLOADED, pb.NACK_REASON_DRAINING})
 MAX_ASKED_ON = 1 << 20
+FRAME_WORK_BYTES = 4096
+"""What a frame costs to serve on top of its bytes, in bytes of requests, for the backlog's sharing between
+agents (gateway/ingress/backlog.py): its envelope, Ack and batches cost ~40 us, its requests ~10 us per KB."""
 """Accepted requests whose carrier is remembered for their answer (about 150 bytes each); beyond it the
 oldest go, and their answers take the carrier of the first copy (``WorkItem.carrier``)."""
 
@@ -225,7 +228,12 @@ class Ingest:
             kind == pb.MESSAGE_KIND_REQUEST_BATCH
             and envelope.priority != pb.PRIORITY_CLASS_REALTIME
             and not self.draining
-            and self.backlog.offer((frame, payload), len(payload))
+            and self.backlog.offer(
+                (frame, payload),
+                len(payload),
+                agent_id,
+                max(len(payload), envelope.uncompressed_length) + FRAME_WORK_BYTES,
+            )
         ):
             return  # served in a backlog turn; the reader goes on (gateway/ingress/backlog.py)
         self._serve((frame, payload), now)

@@ -13,11 +13,15 @@ So the reader takes every request frame whose envelope does not say realtime int
 envelope and identity have passed (microseconds), and goes on reading: a realtime frame, a Ping, a
 DictionaryRequest is served as it is read. The agent's cost budget is applied when a frame's turn comes,
 right before its decode, as before the backlog: each frame is admitted against what the ones before it
-really cost. The backlog is worked off in turns of its own on the loop, in arrival order, one frame at
-least and then frames for up to ``budget_s``, between the reader's turns and the batchers' passes.
-Bounded by frames and by bytes: a frame arriving at a full backlog waits after its oldest frames have been
-served to make room (arrival order kept; the reader's turn then ends on its time budget as before the
-backlog, and the rest waits in ZeroMQ, whose high-water marks push back on the agents).
+really cost. The backlog is worked off in turns of its own on the loop, one frame at least and then frames
+for up to ``budget_s``, between the reader's turns and the batchers' passes: each agent's frames in the
+order they were read, the agents in turn, a frame each, so an agent with hundreds of frames waiting (a
+wide send window, a burst after a failover) delays another agent's frame by at most one frame of each
+agent waiting, not by all of its own.
+Bounded by frames and by bytes: a frame arriving at a full backlog waits after the oldest frames of the
+agent holding the most have been served to make room (the flood pays for its room, not the agent that
+arrives next; the reader's turn then ends on its time budget as before the backlog, and the rest waits in
+ZeroMQ, whose high-water marks push back on the agents).
 """
 
 from __future__ import annotations
@@ -26,14 +30,21 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Final, Generic, TypeVar
 
 T = TypeVar("T")
 
 
+QUANTUM: Final = 64 * 1024
+"""Work (bytes) each owner with items waiting may have served per round of the owners: a frame of 100
+requests is ~20-200 KB decompressed, one lone request 1-3 KB."""
+
+
 class Backlog(Generic[T]):
-    """Items waiting for a turn of ``serve`` on the event loop, oldest first; ``failed`` is told of an item
-    whose ``serve`` raised (the rest go on)."""
+    """Items waiting for a turn of ``serve`` on the event loop: each owner's (an agent's) oldest first, the
+    owners sharing the turns by the work of their items (deficit round robin over their ``work``: an owner
+    of small items gets as many of them served as another owner's large one costs); ``failed`` is told of
+    an item whose ``serve`` raised (the rest go on)."""
 
     def __init__(
         self,
@@ -42,67 +53,114 @@ class Backlog(Generic[T]):
         max_items: int,
         max_bytes: int,
         budget_s: float,
+        quantum: int = QUANTUM,
     ) -> None:
         self._serve = serve
         self._failed = failed
         self.max_items = max_items
         self.max_bytes = max_bytes
         self._budget_s = budget_s
-        self._items: deque[tuple[T, int]] = deque()
+        self._quantum = quantum
+        self._waiting: dict[str, deque[tuple[T, int, int]]] = {}  # by owner, oldest first: item, bytes, work
+        self._owned_bytes: dict[str, int] = {}
+        self._credit: dict[str, int] = {}  # work an owner may still have served in this round
+        self._turns: deque[str] = deque()  # the owners with items waiting, the one being served first
+        self._count = 0
         self.bytes = 0
         self._scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def __len__(self) -> int:
-        return len(self._items)
+        return self._count
 
-    def offer(self, item: T, nbytes: int) -> bool:
-        """Queue ``item`` (holding ``nbytes``) for a turn, after serving the oldest items now as long as the
-        backlog is full (arrival order kept: a full backlog serves as the reader reads, as before there was
-        one); False when the backlog is off (``max_items`` or ``max_bytes`` 0): the caller serves it now."""
+    @property
+    def owners(self) -> int:
+        """How many owners have items waiting."""
+        return len(self._turns)
+
+    def offer(self, item: T, nbytes: int, owner: str = "", work: int | None = None) -> bool:
+        """Queue ``item`` (holding ``nbytes``, of ``owner``, costing ``work`` to serve: ``nbytes`` unless
+        said) for a turn, after serving now, while the backlog is full, the oldest item of the owner holding
+        the most (a flood pays for its own room, whoever offers); False when the backlog is off
+        (``max_items`` or ``max_bytes`` 0): the caller serves it now."""
         if self.max_items <= 0 or self.max_bytes <= 0:
             return False
-        while self._items and (
-            len(self._items) >= self.max_items or self.bytes + nbytes > self.max_bytes
-        ):  # a lone item larger than max_bytes still waits when nothing else does
-            self._serve_next()
+        while self._count and (self._count >= self.max_items or self.bytes + nbytes > self.max_bytes):
+            # a lone item larger than max_bytes still waits when nothing else does
+            self._serve_item(self._heaviest(by_bytes=self._count < self.max_items))
         if not self._scheduled:
             if self._loop is None or self._loop.is_closed():
                 self._loop = asyncio.get_running_loop()
             self._loop.call_soon(self._turn)
             self._scheduled = True
-        self._items.append((item, nbytes))
+        waiting = self._waiting.get(owner)
+        if waiting is None:
+            waiting = self._waiting[owner] = deque()
+            self._owned_bytes[owner] = 0
+            self._credit[owner] = 0
+            self._turns.append(owner)
+        waiting.append((item, nbytes, nbytes if work is None else work))
+        self._owned_bytes[owner] += nbytes
+        self._count += 1
         self.bytes += nbytes
         return True
 
+    def _heaviest(self, *, by_bytes: bool) -> str:
+        """The owner holding the most items (or bytes); of equals, the one whose turn is nearest."""
+        if by_bytes:
+            return max(self._turns, key=self._owned_bytes.__getitem__)
+        return max(self._turns, key=lambda owner: len(self._waiting[owner]))
+
     def _turn(self) -> None:
-        """Serve the oldest item, then more while the turn's budget lasts; another turn if any are left
+        """Serve the next item, then more while the turn's budget lasts; another turn if any are left
         (also when serving one raised past ``failed``)."""
         self._scheduled = False
         until = time.monotonic() + self._budget_s
         try:
-            while self._items:
+            while self._count:
                 self._serve_next()
                 if time.monotonic() >= until:
                     break
         finally:
-            if self._items and self._loop is not None and not self._loop.is_closed():
+            if self._count and self._loop is not None and not self._loop.is_closed():
                 self._loop.call_soon(self._turn)
                 self._scheduled = True
 
     def _serve_next(self) -> None:
-        item, nbytes = self._items.popleft()
+        """Serve the oldest item of the owner in line whose credit covers its work; an owner whose credit
+        does not is given another quantum and goes to the back of the line."""
+        turns, credit = self._turns, self._credit
+        while True:
+            owner = turns[0]
+            work = self._waiting[owner][0][2]
+            if credit[owner] >= work:
+                credit[owner] -= work
+                self._serve_item(owner)
+                return
+            credit[owner] += self._quantum
+            turns.rotate(-1)
+
+    def _serve_item(self, owner: str) -> None:
+        """Serve the oldest item of ``owner`` (an owner left with none leaves the line and its credit)."""
+        waiting = self._waiting[owner]
+        item, nbytes, _ = waiting.popleft()
+        self._count -= 1
         self.bytes -= nbytes
+        if waiting:
+            self._owned_bytes[owner] -= nbytes
+        else:
+            del self._waiting[owner], self._owned_bytes[owner], self._credit[owner]
+            self._turns.remove(owner)  # mostly the first in line
         try:
             self._serve(item)
         except Exception as exc:  # noqa: BLE001  (handed to ``failed``, which counts and logs it)
             self._failed(item, exc)
 
     def serve_all(self) -> int:
-        """Serve every item waiting now, at once (the drain: what was read before it is answered); how
-        many."""
+        """Serve every item waiting now, at once, owners sharing as in turns (the drain: what was read
+        before it is answered); how many."""
         served = 0
-        while self._items:
+        while self._count:
             self._serve_next()
             served += 1
         return served
@@ -110,8 +168,12 @@ class Backlog(Generic[T]):
     def close(self) -> int:
         """Forget every item waiting (unacknowledged: their agents send them again) and take no more (an
         offer is refused: served at once); how many were forgotten."""
-        dropped = len(self._items)
-        self._items.clear()
+        dropped = self._count
+        self._waiting.clear()
+        self._owned_bytes.clear()
+        self._credit.clear()
+        self._turns.clear()
+        self._count = 0
         self.bytes = 0
         self.max_items = 0
         return dropped

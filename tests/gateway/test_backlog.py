@@ -1,6 +1,7 @@
 """Request frames read now and served in turns (gateway/ingress/backlog.py): the backlog on its own, and a
-real gateway, where a realtime frame read behind batch frames is served before them and nothing read is
-lost (drain serves what waits, close drops it unacknowledged, a full backlog serves at once)."""
+real gateway, where a realtime frame read behind batch frames is served before them, one agent's frames
+do not hold another's back, and nothing read is lost (drain serves what waits, close drops it
+unacknowledged, a full backlog serves at once)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import zmq
 
 from edgewire import FrameCodec, pb
 from gateway.config import load_config
-from gateway.ingest import Ingest
+from gateway.ingest import FRAME_WORK_BYTES, Ingest
 from gateway.ingress.backlog import Backlog
 from gateway.server import Gateway
 from gateway.testing import WireClient, loopback_overrides, run_gateway, wait_for
@@ -81,6 +82,61 @@ async def test_a_full_backlog_serves_its_oldest_to_make_room_and_zero_turns_it_o
         Backlog[int](served.append, lambda i, e: None, 5, 0, 1.0),
     ):
         assert not off.offer(9, 1) and not off
+
+
+async def test_each_owners_items_in_order_the_owners_in_turn() -> None:
+    """An owner with many items waiting does not hold the others back: items of equal work, a quantum of
+    one item: one item of each owner in turn, each owner's in the order offered; ``serve_all`` too."""
+    served: list[str] = []
+    backlog: Backlog[str] = Backlog(served.append, lambda i, e: None, 100, 1 << 20, 0.0, quantum=1)
+    for item in ("a0", "a1", "a2", "a3"):
+        backlog.offer(item, 1, "flood")
+    backlog.offer("b0", 1, "shop")
+    backlog.offer("c0", 1, "search")
+    backlog.offer("b1", 1, "shop")
+    assert backlog.owners == 3
+    await wait_for(lambda: not backlog, what="the backlog worked off")
+    assert served == ["a0", "b0", "c0", "a1", "b1", "a2", "a3"]
+    assert backlog.owners == 0 and backlog.bytes == 0
+    served.clear()
+    for item in ("a0", "a1"):
+        backlog.offer(item, 1, "flood")
+    backlog.offer("b0", 1, "shop")
+    assert backlog.serve_all() == 3 and served == ["a0", "b0", "a1"]
+
+
+async def test_owners_share_the_turns_by_the_work_of_their_items() -> None:
+    """Deficit round robin: per round each owner may have a quantum of work served; an owner of items a
+    tenth the size of another's gets ten of them served for each of the other's."""
+    served: list[str] = []
+    backlog: Backlog[str] = Backlog(served.append, lambda i, e: None, 100, 1 << 20, 0.0, quantum=100)
+    for i in range(3):
+        backlog.offer(f"a{i}", 50_000, "flood", work=100)  # bytes held and work are apart
+    for i in range(15):
+        backlog.offer(f"s{i}", 10, "shop")  # work: its bytes
+    await wait_for(lambda: not backlog, what="the backlog worked off")
+    assert served == ["a0", *(f"s{i}" for i in range(10)), "a1", *(f"s{i}" for i in range(10, 15)), "a2"]
+
+
+async def test_a_full_backlog_serves_the_oldest_of_the_owner_holding_the_most() -> None:
+    """Room is made at the cost of the owner holding the most items (when full by items) or bytes (when
+    full by bytes), not of whoever waited longest (items of equal work here, one a round)."""
+    served: list[str] = []
+    backlog: Backlog[str] = Backlog(served.append, lambda i, e: None, 4, 1 << 20, 1.0, quantum=1)
+    backlog.offer("shop0", 10, "shop", work=1)  # the oldest
+    for item in ("a0", "a1", "a2"):
+        backlog.offer(item, 10, "flood", work=1)
+    backlog.offer("c0", 10, "search", work=1)  # 4 items waiting: full
+    assert served == ["a0"]
+    assert backlog.serve_all() == 4 and served == ["a0", "shop0", "a1", "c0", "a2"]
+    served.clear()
+    by_bytes: Backlog[str] = Backlog(served.append, lambda i, e: None, 100, 1000, 1.0, quantum=1)
+    by_bytes.offer("shop0", 700, "shop", work=1)
+    for item in ("a0", "a1", "a2"):
+        by_bytes.offer(item, 10, "flood", work=1)
+    by_bytes.offer("c0", 290, "search", work=1)  # 1,020 bytes: shop holds 700 of them
+    assert served == ["shop0"]
+    assert by_bytes.serve_all() == 4 and served == ["shop0", "a0", "c0", "a1", "a2"]
 
 
 async def test_serve_all_serves_at_once_and_close_forgets_and_takes_no_more() -> None:
@@ -216,6 +272,45 @@ async def test_the_budget_admits_a_waiting_frame_against_what_the_frames_before_
         decoded = len(parsed)
         refused = counted(gw, "hkgw_frames_rejected_total", carrier="hgc", reason="over_budget")
     assert (decoded, refused) == (2, 8)
+
+
+async def test_an_agents_small_frames_are_not_held_behind_another_agents_large_ones(
+    models_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One agent's frames of 100 requests wait in the backlog; another agent's lone requests read after them
+    are served after one of them, not after all: the agents share the turns by their frames' work (bytes,
+    the larger of sent and declared decompressed, and a frame's own cost), one frame a turn here, the
+    quantum set to one large frame's work."""
+    async with run_gateway(models_dir=models_dir) as gw:
+        ingest, carrier = gw.ingest, gw.carriers["hgc"]
+        assert ingest is not None
+        codec = FrameCodec()
+        floods = [message(codec, synthetic(100, seed=130 + i), BATCH, "loader", b"\x00L") for i in range(4)]
+        shop = [
+            message(codec, synthetic(1, seed=140 + i), INTERACTIVE, "shopper", b"\x00S") for i in range(3)
+        ]
+
+        def work(frames: list[zmq.Frame]) -> int:
+            declared = pb.Envelope.FromString(frames[1].bytes).uncompressed_length
+            return max(len(frames[2].bytes), declared) + FRAME_WORK_BYTES
+
+        quantum = max(work(f) for f in floods)
+        assert 3 * max(work(f) for f in shop) < quantum
+        monkeypatch.setattr(ingest.backlog, "_budget_s", 0.0)
+        monkeypatch.setattr(ingest.backlog, "_quantum", quantum)
+        order: list[str] = []
+        serve = ingest.backlog._serve
+
+        def noted(read: Any) -> None:
+            order.append(read[0].agent_id)
+            serve(read)
+
+        monkeypatch.setattr(ingest.backlog, "_serve", noted)
+        for frames in floods + shop:
+            ingest.on_message(carrier, frames)
+        assert len(ingest.backlog) == 7 and ingest.backlog.owners == 2
+        await wait_for(lambda: not ingest.backlog, what="the backlog worked off")
+    assert order == ["loader", "shopper", "shopper", "shopper", "loader", "loader", "loader"]
 
 
 async def test_frames_waiting_at_a_reload_are_served_before_it(models_dir: Path) -> None:
