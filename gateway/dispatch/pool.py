@@ -163,6 +163,7 @@ class PoolDispatcher:
         observe: Observe | None = None,
         ewma_alpha: float = 0.2,
         pipelines: PipelineDeclarations | None = None,
+        after_pass: Callable[[], None] | None = None,
     ) -> None:
         self.name = name
         self.dispatch = dispatch
@@ -176,6 +177,8 @@ class PoolDispatcher:
         self._reroute = reroute
         self._observe = observe
         self._respond_ok = respond_ok
+        self._after_pass = after_pass  # called as each batch pass ends (Ingest.after_pass)
+        self.passing = False  # a batch pass is running (the batches it serves on the loop are answered in it)
         self._alpha = ewma_alpha
         self._pipelines = pipelines or PipelineDeclarations()
         # One queue per (model, version, size group); the size group is 0 unless padding makes it matter.
@@ -380,6 +383,15 @@ class PoolDispatcher:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self.passing = True
+        try:
+            self._cut()
+        finally:
+            self.passing = False
+            if self._after_pass is not None:
+                self._after_pass()
+
+    def _cut(self) -> None:
         while self._running and len(self._inflight) < self.concurrency:
             picked = self._pick()
             if picked is None:

@@ -63,40 +63,70 @@ class LoopOrder:
         return noted
 
 
-def one_request(priority: pb.PriorityClass.ValueType) -> list[pb.InferRequest]:
-    request = fresh_requests([SyntheticTraffic(5).take(1)[0].request], budget_s=30.0)[0]
-    request.model_name, request.model_version = "rank-mlp", ""
-    request.priority = priority
-    return [request]
+def requests_of(priority: pb.PriorityClass.ValueType, *models: str) -> list[pb.InferRequest]:
+    """One request of each model (synthetic, fresh), of class ``priority``."""
+    synthetic = [g.request for g in SyntheticTraffic(5).take(200)]
+    out = fresh_requests([next(r for r in synthetic if r.model_name == m) for m in models], budget_s=30.0)
+    for request in out:
+        request.priority = priority
+    return out
 
 
 async def answered_in_order(
-    models_dir: Path, monkeypatch: pytest.MonkeyPatch, priority: pb.PriorityClass.ValueType
-) -> list[str]:
-    requests = one_request(priority)
+    models_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    requests: list[pb.InferRequest],
+    frame: pb.PriorityClass.ValueType,
+) -> tuple[list[str], dict[str, int]]:
+    """The order of the first answer, its marker and its sending on the loop, and the frames the agent got,
+    for ``requests`` sent in one frame marked ``frame``."""
     async with (
         run_gateway(models_dir=models_dir, **fault_injecting_pools({"type": "null"})) as gw,
         WireClient(gw.endpoint("hgc")) as agent,
     ):
         order = LoopOrder(gw, monkeypatch)
-        await agent.send(requests, priority=priority)
-        (response,) = await agent.wait_responses([r.request_id for r in requests])
-        assert response.status == pb.STATUS_OK
+        await agent.send(requests, priority=frame)
+        responses = await agent.wait_responses([r.request_id for r in requests])
+        assert {r.status for r in responses} == {pb.STATUS_OK}
         await asyncio.wait_for(order.sent.wait(), 10)
-        return order.events[:3]
+        return order.events[:3], dict(agent.frames_received)
 
 
 async def test_realtime_answer_is_sent_before_the_next_callback(
     models_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A batch of realtime requests: its answers go out before anything queued on the loop after it."""
-    events = await answered_in_order(models_dir, monkeypatch, pb.PRIORITY_CLASS_REALTIME)
+    """A frame marked realtime: its answers go out before anything queued on the loop after them."""
+    requests = requests_of(pb.PRIORITY_CLASS_REALTIME, "rank-mlp")
+    events, _ = await answered_in_order(models_dir, monkeypatch, requests, pb.PRIORITY_CLASS_REALTIME)
     assert events == ["answered", "answer sent", "next callback"]
 
 
-async def test_interactive_answer_waits_for_the_end_of_the_tick(
+async def test_the_batches_of_one_pass_are_answered_in_one_frame(
     models_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Interactive and batch answers are coalesced per tick (one frame per agent and carrier)."""
-    events = await answered_in_order(models_dir, monkeypatch, pb.PRIORITY_CLASS_INTERACTIVE)
+    """Two models, so two batches, cut in one pass of their pool: their answers leave together as the
+    pass ends (one frame), not a frame per batch."""
+    requests = requests_of(pb.PRIORITY_CLASS_REALTIME, "rank-mlp", "text-encoder")
+    events, frames = await answered_in_order(models_dir, monkeypatch, requests, pb.PRIORITY_CLASS_REALTIME)
+    assert events == ["answered", "answered", "answer sent"]
+    assert frames == {"ack": 1, "responses": 1}
+
+
+@pytest.mark.parametrize(
+    ("request_class", "frame_class"),
+    [
+        (pb.PRIORITY_CLASS_INTERACTIVE, pb.PRIORITY_CLASS_INTERACTIVE),
+        (pb.PRIORITY_CLASS_REALTIME, pb.PRIORITY_CLASS_INTERACTIVE),  # waited in the backlog as its frame did
+    ],
+)
+async def test_other_answers_wait_for_the_end_of_the_tick(
+    models_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    request_class: pb.PriorityClass.ValueType,
+    frame_class: pb.PriorityClass.ValueType,
+) -> None:
+    """Answers to frames not marked realtime are coalesced per tick (one frame per agent and carrier), the
+    realtime requests in such frames too."""
+    requests = requests_of(request_class, "rank-mlp")
+    events, _ = await answered_in_order(models_dir, monkeypatch, requests, frame_class)
     assert events == ["answered", "next callback", "answer sent"]
