@@ -236,7 +236,7 @@ def render(results: dict[str, dict[str, Phase]], trees: list[Tree], args: argpar
         [
             "## Realtime requests beside a batched load (issue 24 item 2)"
             if realtime
-            else "## One agent's interactive requests beside another agent's flood of frames",
+            else "## One agent's interactive requests beside another's flood of frames (issue 24: backlog)",
             "",
             f"`python -m bench.realtime_under_load --old {args.old} --rate {args.rate:g} "
             f"--seconds {args.seconds:g} --repeats {args.repeats} --load-nice {args.load_nice}{options} "

@@ -88,7 +88,7 @@ class ReplyRouter:
         self._agents: OrderedDict[str, _AgentRoutes] = OrderedDict()
         self._outbox: dict[tuple[str, str], list[bytes]] = {}  # (agent, carrier asked on) -> responses
         self._acks: dict[tuple[str, str], list[_PendingAck]] = {}  # (agent, carrier) -> Acks to go with them
-        self._flush_scheduled = False
+        self._flush_handle: asyncio.Handle | None = None  # the tick's flush, queued
         self._ack_hold_s = config.ack_hold_us / 1e6
         self._ack_timer: asyncio.TimerHandle | None = None
         self.pending_total = 0
@@ -185,14 +185,15 @@ class ReplyRouter:
             self.flush()
 
     def _schedule(self) -> None:
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush)
+        if self._flush_handle is None:
+            self._flush_handle = asyncio.get_running_loop().call_soon(self.flush)
 
     def flush(self, *, every_ack: bool = False) -> None:
         """Send what is ready: the answers of this tick, and the Acks that have answers to ride with or
         whose hold is over (``every_ack``: all of them, as on drain)."""
-        self._flush_scheduled = False
+        if self._flush_handle is not None:  # flushed before the tick's end (send_now, drain): not again
+            self._flush_handle.cancel()
+            self._flush_handle = None
         outbox, self._outbox = self._outbox, {}
         if self._acks:
             self._flush_acks(outbox, every_ack)

@@ -221,7 +221,7 @@ class Gateway:
                     reroute=ingest.reroute,
                     observe=self._observe_latency,
                     pipelines=declarations,
-                    after_pass=ingest.after_pass,
+                    after_realtime=ingest.after_realtime,
                 )
                 self.pools[name].start()
             phases.mark("pools")

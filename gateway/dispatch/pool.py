@@ -163,7 +163,7 @@ class PoolDispatcher:
         observe: Observe | None = None,
         ewma_alpha: float = 0.2,
         pipelines: PipelineDeclarations | None = None,
-        after_pass: Callable[[], None] | None = None,
+        after_realtime: Callable[[], None] | None = None,
     ) -> None:
         self.name = name
         self.dispatch = dispatch
@@ -177,7 +177,8 @@ class PoolDispatcher:
         self._reroute = reroute
         self._observe = observe
         self._respond_ok = respond_ok
-        self._after_pass = after_pass  # called as each batch pass ends (Ingest.after_pass)
+        # Once a pass has cut its realtime batches (they go first), and as it ends (Ingest.after_realtime)
+        self._after_realtime = after_realtime
         self.passing = False  # a batch pass is running (the batches it serves on the loop are answered in it)
         self._alpha = ewma_alpha
         self._pipelines = pipelines or PipelineDeclarations()
@@ -388,15 +389,21 @@ class PoolDispatcher:
             self._cut()
         finally:
             self.passing = False
-            if self._after_pass is not None:
-                self._after_pass()
+            if self._after_realtime is not None:
+                self._after_realtime()
 
     def _cut(self) -> None:
+        realtime = False  # realtime batches cut in this pass whose answers have not been let go yet
         while self._running and len(self._inflight) < self.concurrency:
             picked = self._pick()
             if picked is None:
                 return
             key, queue = picked
+            if realtime and not queue.lanes[0]:  # the rest of the pass has no realtime request
+                realtime = False
+                if self._after_realtime is not None:
+                    self._after_realtime()
+            realtime = realtime or bool(queue.lanes[0])
             now = time.monotonic()
             spec = self._spec(key[0], key[1])
             size = self._ready_size(queue, now, spec)

@@ -77,11 +77,15 @@ async def answered_in_order(
     monkeypatch: pytest.MonkeyPatch,
     requests: list[pb.InferRequest],
     frame: pb.PriorityClass.ValueType,
+    events: int = 3,
 ) -> tuple[list[str], dict[str, int]]:
-    """The order of the first answer, its marker and its sending on the loop, and the frames the agent got,
-    for ``requests`` sent in one frame marked ``frame``."""
+    """The order of the first ``events`` of the answers, their markers and their sending on the loop, and
+    the frames the agent got, for ``requests`` sent in one frame marked ``frame``; the CPU pool batches at
+    once (no wait for company)."""
+    overrides = fault_injecting_pools({"type": "null"})
+    overrides["pools"]["cpu"]["max_queue_delay_us"] = 0
     async with (
-        run_gateway(models_dir=models_dir, **fault_injecting_pools({"type": "null"})) as gw,
+        run_gateway(models_dir=models_dir, **overrides) as gw,
         WireClient(gw.endpoint("hgc")) as agent,
     ):
         order = LoopOrder(gw, monkeypatch)
@@ -89,7 +93,7 @@ async def answered_in_order(
         responses = await agent.wait_responses([r.request_id for r in requests])
         assert {r.status for r in responses} == {pb.STATUS_OK}
         await asyncio.wait_for(order.sent.wait(), 10)
-        return order.events[:3], dict(agent.frames_received)
+        return order.events[:events], dict(agent.frames_received)
 
 
 async def test_realtime_answer_is_sent_before_the_next_callback(
@@ -110,6 +114,22 @@ async def test_the_batches_of_one_pass_are_answered_in_one_frame(
     events, frames = await answered_in_order(models_dir, monkeypatch, requests, pb.PRIORITY_CLASS_REALTIME)
     assert events == ["answered", "answered", "answer sent"]
     assert frames == {"ack": 1, "responses": 1}
+
+
+async def test_realtime_answers_leave_before_the_pass_goes_on_to_other_batches(
+    models_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass cuts realtime batches first; their answers leave before it serves its interactive ones."""
+    requests = requests_of(pb.PRIORITY_CLASS_REALTIME, "rank-mlp") + requests_of(
+        pb.PRIORITY_CLASS_INTERACTIVE, "text-encoder"
+    )
+    events, frames = await answered_in_order(
+        models_dir, monkeypatch, requests, pb.PRIORITY_CLASS_REALTIME, events=6
+    )
+    # The interactive answer goes with the tick's flush, queued after it was made (the one queued with the
+    # realtime answer was let go when that was sent).
+    assert events == ["answered", "answer sent", "answered", "next callback", "next callback", "answer sent"]
+    assert frames == {"ack": 1, "responses": 2}
 
 
 @pytest.mark.parametrize(
