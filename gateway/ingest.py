@@ -63,11 +63,12 @@ _REJECT_NACKS: dict[Reason, pb.NackReason.ValueType] = {
 }
 RETRYABLE_NACKS = frozenset({pb.NACK_REASON_OVERLOADED, pb.NACK_REASON_DRAINING})
 MAX_ASKED_ON = 1 << 20
-FRAME_WORK_BYTES = 4096
-"""What a frame costs to serve on top of its bytes, in bytes of requests, for the backlog's sharing between
-agents (gateway/ingress/backlog.py): its envelope, Ack and batches cost ~40 us, its requests ~10 us per KB."""
 """Accepted requests whose carrier is remembered for their answer (about 150 bytes each); beyond it the
 oldest go, and their answers take the carrier of the first copy (``WorkItem.carrier``)."""
+FRAME_WORK_BYTES = 4096
+"""What a frame costs to serve on its own (envelope, Ack, its batches' fixed steps), counted as that many
+bytes of requests, for the backlog's sharing between agents (gateway/ingress/backlog.py): a frame's work is
+the larger of its bytes and its declared decompressed length, plus this."""
 
 
 class LogSampler:

@@ -15,9 +15,12 @@ DictionaryRequest is served as it is read. The agent's cost budget is applied wh
 right before its decode, as before the backlog: each frame is admitted against what the ones before it
 really cost. The backlog is worked off in turns of its own on the loop, one frame at least and then frames
 for up to ``budget_s``, between the reader's turns and the batchers' passes: each agent's frames in the
-order they were read, the agents in turn, a frame each, so an agent with hundreds of frames waiting (a
-wide send window, a burst after a failover) delays another agent's frame by at most one frame of each
-agent waiting, not by all of its own.
+order they were read, the agents sharing the turns by the work of their frames (deficit round robin,
+:data:`QUANTUM` a round), so an agent with hundreds of frames waiting (a wide send window, a burst after a
+failover) delays another agent's frame by about one round, not by all of its own; a round robin of frames
+is not enough: an agent of small frames gets one per large frame of the other, whatever its rate (one
+agent's 64 frames of 100 in flight held another's lone interactive requests 243 ms at p50 first come first
+served, 1.35 s by frames, 12.6 ms by work: bench/realtime_under_load.py --lone interactive).
 Bounded by frames and by bytes: a frame arriving at a full backlog waits after the oldest frames of the
 agent holding the most have been served to make room (the flood pays for its room, not the agent that
 arrives next; the reader's turn then ends on its time budget as before the backlog, and the rest waits in
