@@ -183,7 +183,6 @@ class Ingest:
         self._requests_seen: dict[tuple[str, Priority], int] = {}
         self._decisions_made: Counter[tuple[Tier, str | None, Reason]] = Counter()
         self._evicted_counted = 0
-        self._send_after_realtime = False  # answers to realtime frames made in a pass: see after_realtime
 
     # ------------------------------------------------------------------ entry point
 
@@ -746,29 +745,15 @@ class Ingest:
             tally.observe(metrics.latency, (tier, pool), elapsed, n)
         for (agent_id, carrier), batch in outbox.items():
             self._replies.respond_many(agent_id, batch, carrier)
-        # Requests of a frame marked realtime in the batch (realtime ones lead it: that lane is cut first).
-        first = items[0] if items else None
-        if (
-            first is not None
-            and first.priority is Priority.REALTIME
-            and (first.urgent or any(item.urgent for item in items))
-        ):
-            serving = self._pools.get(first.decision.pool or "")  # the pool serving the batch
-            if serving is not None and serving.passing:
-                self._send_after_realtime = True  # with the pass's other realtime batches' (after_realtime)
-            else:
-                self._replies.send_now()
 
     def after_realtime(self) -> None:
-        """A pool's batch pass has cut its realtime batches (they go first) or is over: send the answers to
-        frames marked realtime it made now, one frame per agent and carrier for all of them, not at the end
-        of the loop's tick (ReplyRouter.send_now), nor after the pass's interactive and batch batches.
-        Realtime requests in frames marked otherwise waited in the backlog as their frames did; their
-        answers go with the tick's, coalesced (a frame of 100 mixed requests from each of 8 agents sent per
-        batch cost 15% more CPU per record, bench/frame_path.py)."""
-        if self._send_after_realtime:
-            self._send_after_realtime = False
-            self._replies.send_now()
+        """A pool has answered batches of frames marked realtime (all those a pass served, once it has cut
+        its realtime batches): send the answers made so far now, one frame per agent and carrier, not at
+        the end of the loop's tick (ReplyRouter.send_now). Realtime requests in frames marked otherwise
+        waited in the backlog as their frames did; their answers go with the tick's, coalesced (a frame of
+        100 mixed requests from each of 8 agents sent per batch cost 15% more CPU per record,
+        bench/frame_path.py)."""
+        self._replies.send_now()
 
     def flush_replies(self) -> None:
         """Send every reply ready, Acks still held for answers included (drain)."""

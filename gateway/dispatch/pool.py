@@ -42,7 +42,7 @@ from inference.backends.base import (
 from inference.pipeline.base import Prepared
 from inference.pipeline.registry import PADDED_PIPELINES, PipelineDeclarations
 from inference.pipeline.text import length_bucket
-from routing.types import PoolSignals
+from routing.types import PoolSignals, Priority
 
 log = structlog.get_logger("gateway.dispatch")
 
@@ -177,9 +177,12 @@ class PoolDispatcher:
         self._reroute = reroute
         self._observe = observe
         self._respond_ok = respond_ok
-        # Once a pass has cut its realtime batches (they go first), and as it ends (Ingest.after_realtime)
+        # Sends the answers made so far (Ingest.after_realtime): called once the batches of frames marked
+        # realtime are answered, or, those a pass served on the loop, once it has cut its realtime batches
+        # (they go first) or is over: answers to realtime frames leave then, not at the end of the tick.
         self._after_realtime = after_realtime
-        self.passing = False  # a batch pass is running (the batches it serves on the loop are answered in it)
+        self._in_pass = False
+        self._realtime_answered = False  # batches of frames marked realtime answered in this pass
         self._alpha = ewma_alpha
         self._pipelines = pipelines or PipelineDeclarations()
         # One queue per (model, version, size group); the size group is 0 unless padding makes it matter.
@@ -384,16 +387,21 @@ class PoolDispatcher:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self.passing = True
+        self._in_pass = True
         try:
             self._cut()
         finally:
-            self.passing = False
+            self._in_pass = False
+            self._send_realtime_answers()
+
+    def _send_realtime_answers(self) -> None:
+        if self._realtime_answered:
+            self._realtime_answered = False
             if self._after_realtime is not None:
                 self._after_realtime()
 
     def _cut(self) -> None:
-        realtime = False  # realtime batches cut in this pass whose answers have not been let go yet
+        realtime = False  # realtime batches cut in this pass, their answers not sent yet
         while self._running and len(self._inflight) < self.concurrency:
             picked = self._pick()
             if picked is None:
@@ -401,8 +409,7 @@ class PoolDispatcher:
             key, queue = picked
             if realtime and not queue.lanes[0]:  # the rest of the pass has no realtime request
                 realtime = False
-                if self._after_realtime is not None:
-                    self._after_realtime()
+                self._send_realtime_answers()
             realtime = realtime or bool(queue.lanes[0])
             now = time.monotonic()
             spec = self._spec(key[0], key[1])
@@ -472,6 +479,11 @@ class PoolDispatcher:
             log.exception("batch failed", pool=self.name)
             for item in items:
                 self._answer_status(item, "INTERNAL", "internal error while serving the batch")
+        first = items[0]  # a batch's realtime requests lead it (that lane is cut first)
+        if first.priority is Priority.REALTIME and (first.urgent or any(item.urgent for item in items)):
+            self._realtime_answered = True
+            if not self._in_pass:  # finished in a task of its own (a worker, a remote backend): now
+                self._send_realtime_answers()
 
     async def _attempt(
         self, items: list[WorkItem], *, retried: bool, spec: ModelSpec | None = None

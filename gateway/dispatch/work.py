@@ -29,7 +29,7 @@ class WorkItem:
     decision: Decision
     text_tokens: int = 0  # a text request's estimated tokens (its profile's): the pool's length bucket
     raw: memoryview | None = None  # the request's bytes in the frame it came in (None: serialize it)
-    urgent: bool = False  # in a frame marked realtime: sent once its pass has cut its realtime batches
+    urgent: bool = False  # in a frame marked realtime: its answer is sent once its batch is (pool.py)
     enqueued: float = 0.0
     attempts: int = 0  # backend attempts so far (a retry goes to another pool)
     answered: bool = False  # set once its response is out: a request is never answered twice
