@@ -370,6 +370,7 @@ class Lone:
     idle_cores: float
     foreign_cores: float
     gateway_ms: list[float] = field(default_factory=list)  # the answers' timing.total_us (none: the echo)
+    queue_ms: list[float] = field(default_factory=list)  # of it, the answers' timing.queue_us (the pool's)
 
 
 @dataclass
@@ -432,6 +433,7 @@ def lone_run(
         watch.idle_cores,
         watch.foreign_cores,
         run["gateway_ms"],
+        run["queue_ms"],
     )
 
 

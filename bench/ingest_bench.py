@@ -81,6 +81,7 @@ class TierTracker(Tracker):
         super().__init__(codec, is_gateway)
         self.by_tier: dict[str, list[float]] = defaultdict(list)
         self.gateway_s: list[float] = []
+        self.queue_s: list[float] = []  # of it, the wait in the pool's queue (``timing.queue_us``)
 
     def received(self, frames: list[bytes], at: float) -> None:
         if self.is_gateway:
@@ -91,6 +92,7 @@ class TierTracker(Tracker):
                         tier = pb.Tier.Name(r.tier).removeprefix("TIER_").lower()
                         self.by_tier[tier].append(at - self.sent_at[r.request_id])
                         self.gateway_s.append(r.timing.total_us / 1e6)
+                        self.queue_s.append(r.timing.queue_us / 1e6)
         super().received(frames, at)
 
 
@@ -118,6 +120,7 @@ def open_loop(
         "latencies_ms": lat.tolist(),
         "by_tier_ms": {t: (np.array(v) * 1e3).tolist() for t, v in tracker.by_tier.items()},
         "gateway_ms": (np.array(tracker.gateway_s) * 1e3).tolist(),
+        "queue_ms": (np.array(tracker.queue_s) * 1e3).tolist(),
     }
 
 

@@ -66,6 +66,7 @@ class Phase:
 
     latencies_ms: list[float] = field(default_factory=list)
     gateway_ms: list[float] = field(default_factory=list)
+    queue_ms: list[float] = field(default_factory=list)  # of the gateway's part, the wait in a pool's queue
     answered: int = 0
     lost: int = 0
     load_records: int = 0
@@ -156,14 +157,17 @@ def loaded_run(
         process.join(30)
         if process.is_alive():
             process.kill()
-    add(phase, run.latencies_ms, run.gateway_ms, run.answered, run.lost)
+    add(phase, run.latencies_ms, run.gateway_ms, run.queue_ms, run.answered, run.lost)
     phase.load_records += records
     phase.load_seconds += took
 
 
-def add(phase: Phase, latencies: list[float], gateway: list[float], answered: int, lost: int) -> None:
+def add(
+    phase: Phase, latencies: list[float], gateway: list[float], queue: list[float], answered: int, lost: int
+) -> None:
     phase.latencies_ms += latencies
     phase.gateway_ms += gateway
+    phase.queue_ms += queue
     phase.answered += answered
     phase.lost += lost
 
@@ -189,6 +193,7 @@ def measure(
                         results[tree.label]["alone"],
                         alone.latencies_ms,
                         alone.gateway_ms,
+                        alone.queue_ms,
                         alone.answered,
                         alone.lost,
                     )
@@ -224,6 +229,7 @@ def render(results: dict[str, dict[str, Phase]], trees: list[Tree], args: argpar
                     f"{pct(p.latencies_ms, 99):.2f}",
                     f"{max(p.latencies_ms, default=float('nan')):.1f}",
                     f"{pct(p.gateway_ms, 50):.2f} / {pct(p.gateway_ms, 99):.2f}",
+                    f"{pct(p.queue_ms, 50):.2f} / {pct(p.queue_ms, 99):.2f}",
                     load,
                 ]
             )
@@ -245,7 +251,8 @@ def render(results: dict[str, dict[str, Phase]], trees: list[Tree], args: argpar
             f"process (nice {args.load_nice}) keeps {args.load_window} frames of 100",
             f"interactive and batch requests in flight from {agents}; each tree in turn, latencies",
             "pooled over the repeats. The gateway's part: its answers' `timing.total_us`, from the frame's",
-            "read to the reply (the old code: from its decode; a frame unread in ZeroMQ is outside it).",
+            "read to the reply (the old code: from its decode; a frame unread in ZeroMQ is outside it); of",
+            "it, the wait in a pool's queue (the answers' `timing.queue_us`: its queueing to its batch).",
             "",
             table(
                 [
@@ -257,6 +264,7 @@ def render(results: dict[str, dict[str, Phase]], trees: list[Tree], args: argpar
                     "p99 ms",
                     "max ms",
                     "gateway's part p50 / p99 ms",
+                    "of it in a pool's queue p50 / p99 ms",
                     "load records/s",
                 ],
                 rows,

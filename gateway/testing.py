@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import zmq
 import zmq.asyncio
 
@@ -42,7 +43,8 @@ class FaultInjectingBackend:
     Config: ``{type = "fault-injecting", inner = {type = "onnx", ...}}``. Tests flip ``fail``, ``delay_s``
     or ``healthy`` on the live object (``gateway.backends[name]``) and read ``calls``; a ``gate`` (an
     ``asyncio.Event``) holds every call until the test sets it, so a test decides when calls finish instead
-    of racing a delay against the machine's speed.
+    of racing a delay against the machine's speed; ``inputs`` set to a list keeps every call's inputs, in
+    the order the calls came (a test reads which requests a batch held).
     """
 
     def __init__(self, name: str, inner: Backend) -> None:
@@ -55,6 +57,7 @@ class FaultInjectingBackend:
         self.healthy = True
         self.calls = 0
         self.rows = 0
+        self.inputs: list[Mapping[str, np.ndarray]] | None = None
 
     async def start(self) -> None:
         await self.inner.start()
@@ -62,6 +65,8 @@ class FaultInjectingBackend:
     async def infer(self, call: InferCall) -> InferResult:
         self.calls += 1
         self.rows += len(next(iter(call.inputs.values()))) if call.inputs else 0
+        if self.inputs is not None:
+            self.inputs.append(call.inputs)
         if self.gate is not None:
             await self.gate.wait()
         if self.delay_s:

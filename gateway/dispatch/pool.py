@@ -6,7 +6,8 @@ preferred sizes (the largest that fits) or ``max_batch_size``; otherwise the old
 ``max_queue_delay_us`` for company. A queue with a realtime request waits at most
 ``realtime_queue_delay_us`` instead (0 by default: a realtime request goes out with whatever is queued
 with it, never waiting for company). Realtime requests are taken before interactive, interactive before
-batch. The queue is bounded: :meth:`PoolDispatcher.submit` refuses instead of growing.
+batch; within a class the agents with requests queued share each batch (gateway/dispatch/lanes.py). The
+queue is bounded: :meth:`PoolDispatcher.submit` refuses instead of growing.
 """
 
 from __future__ import annotations
@@ -15,9 +16,8 @@ import asyncio
 import re
 import time
 from bisect import bisect_right
-from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final, Literal
 
 import structlog
@@ -28,6 +28,7 @@ from gateway.config import PoolDispatch
 from gateway.dispatch.breaker import BreakerState, CircuitBreaker
 from gateway.dispatch.cpu import CpuStage, CpuTaskFailed
 from gateway.dispatch.eager import start_eagerly
+from gateway.dispatch.lanes import ModelQueue
 from gateway.dispatch.work import PRIORITY_ORDER, WorkItem
 from gateway.ops.metrics import GatewayMetrics
 from inference.backends.base import (
@@ -99,50 +100,6 @@ class _Failed:
     singly: bool = False
 
 
-@dataclass(slots=True)
-class _ModelQueue:
-    """Three FIFO lanes, one per priority class, for one (model, version, size group). A lane holds slices
-    of frames (a frame's requests routed alike arrive as one list) and batches are cut from them: taking
-    ``n`` takes whole slices and splits the last one."""
-
-    lanes: tuple[deque[list[WorkItem]], deque[list[WorkItem]], deque[list[WorkItem]]] = field(
-        default_factory=lambda: (deque(), deque(), deque())
-    )
-    counts: list[int] = field(default_factory=lambda: [0, 0, 0])
-
-    def __len__(self) -> int:
-        counts = self.counts
-        return counts[0] + counts[1] + counts[2]
-
-    def add(self, lane: int, items: list[WorkItem]) -> None:
-        self.lanes[lane].append(items)
-        self.counts[lane] += len(items)
-
-    def head(self) -> WorkItem | None:
-        for lane in self.lanes:
-            if lane:
-                return lane[0][0]
-        return None
-
-    def oldest_enqueued(self) -> float:
-        return min(lane[0][0].enqueued for lane in self.lanes if lane)
-
-    def take(self, n: int) -> list[WorkItem]:
-        out: list[WorkItem] = []
-        for number, lane in enumerate(self.lanes):
-            while lane and len(out) < n:
-                first = lane[0]
-                room = n - len(out)
-                if len(first) <= room:
-                    out.extend(lane.popleft())
-                    self.counts[number] -= len(first)
-                else:
-                    out.extend(first[:room])
-                    lane[0] = first[room:]
-                    self.counts[number] -= room
-        return out
-
-
 class PoolDispatcher:
     """Queues, batches and serves the requests routed to one pool."""
 
@@ -186,7 +143,7 @@ class PoolDispatcher:
         self._alpha = ewma_alpha
         self._pipelines = pipelines or PipelineDeclarations()
         # One queue per (model, version, size group); the size group is 0 unless padding makes it matter.
-        self._queues: dict[tuple[str, str, int], _ModelQueue] = {}
+        self._queues: dict[tuple[str, str, int], ModelQueue] = {}
         self._depth = 0
         self._inflight: set[asyncio.Task[None]] = set()
         # The batcher is a callback, not a task: a submit schedules one pass for the end of the current
@@ -283,10 +240,10 @@ class PoolDispatcher:
         self._schedule_pass()
         return True
 
-    def _queue_of(self, key: tuple[str, str, int]) -> _ModelQueue:
+    def _queue_of(self, key: tuple[str, str, int]) -> ModelQueue:
         queue = self._queues.get(key)
         if queue is None:
-            queue = self._queues[key] = _ModelQueue()
+            queue = self._queues[key] = ModelQueue()
         return queue
 
     def _pads(self, item: WorkItem) -> bool:
@@ -340,8 +297,8 @@ class PoolDispatcher:
 
     # ------------------------------------------------------------------ batcher
 
-    def _pick(self) -> tuple[tuple[str, str, int], _ModelQueue] | None:
-        best: tuple[tuple[int, float], tuple[str, str, int], _ModelQueue] | None = None
+    def _pick(self) -> tuple[tuple[str, str, int], ModelQueue] | None:
+        best: tuple[tuple[int, float], tuple[str, str, int], ModelQueue] | None = None
         for key, queue in self._queues.items():
             head = queue.head()
             if head is None:
@@ -351,7 +308,7 @@ class PoolDispatcher:
                 best = (rank, key, queue)
         return None if best is None else (best[1], best[2])
 
-    def _ready_size(self, queue: _ModelQueue, now: float, spec: ModelSpec | None) -> int:
+    def _ready_size(self, queue: ModelQueue, now: float, spec: ModelSpec | None) -> int:
         """How many to take now; 0 = wait for more (Triton's preferred sizes and max queue delay).
         ``spec``: the queue's model (``_spec``), None when the backend does not serve it.
 
@@ -371,9 +328,9 @@ class PoolDispatcher:
             return n
         return 0
 
-    def _delay_for(self, queue: _ModelQueue) -> float:
+    def _delay_for(self, queue: ModelQueue) -> float:
         """How long the queue's oldest request may wait for company: less when a realtime one is queued."""
-        return self._realtime_delay_s if queue.lanes[0] else self._delay_s
+        return self._realtime_delay_s if queue.realtime else self._delay_s
 
     def _schedule_pass(self) -> None:
         if self._running and not self._pass_scheduled and self._loop is not None:
@@ -407,10 +364,10 @@ class PoolDispatcher:
             if picked is None:
                 return
             key, queue = picked
-            if realtime and not queue.lanes[0]:  # the rest of the pass has no realtime request
+            if realtime and not queue.realtime:  # the rest of the pass has no realtime request
                 realtime = False
                 self._send_realtime_answers()
-            realtime = realtime or bool(queue.lanes[0])
+            realtime = realtime or bool(queue.realtime)
             now = time.monotonic()
             spec = self._spec(key[0], key[1])
             size = self._ready_size(queue, now, spec)

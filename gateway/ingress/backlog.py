@@ -38,9 +38,13 @@ from typing import Final, Generic, TypeVar
 T = TypeVar("T")
 
 
-QUANTUM: Final = 64 * 1024
+QUANTUM: Final = 8 * 1024
 """Work (bytes) each owner with items waiting may have served per round of the owners: a frame of 100
-requests is ~20-200 KB decompressed, one lone request 1-3 KB."""
+requests is ~20-200 KB decompressed, one lone request 1-3 KB (its work ~5 KB with ``FRAME_WORK_BYTES``).
+A lone request's frame is served in its first round; a large frame waits several, so an agent that
+arrives behind a flood waits for the frame being served, not for what is left of the flood's credit
+(64 KiB let a flood's frame or two go first: the gateway's part of a lone interactive request beside a
+flood, p50 6.5 -> 4.1 ms, bench/realtime_under_load.py --lone interactive)."""
 
 
 class Backlog(Generic[T]):

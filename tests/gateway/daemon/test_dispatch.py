@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from edgewire import now_unix_us, pb
@@ -420,3 +421,46 @@ async def test_pipeline_declared_in_the_gateway_config_overrides_the_models(mode
     with pytest.raises(ConfigError) as caught:
         load_config(environ={}, overrides=loopback_overrides(models_dir, **bad))
     assert [key for key, _ in caught.value.problems] == ["pipelines.no-such-model"]
+
+
+async def test_another_agents_request_goes_in_the_next_batch_not_behind_a_flood(models_dir: Path) -> None:
+    """One agent's 63 interactive requests queue for a model served 8 at a time, one call at a time (the
+    first call held); another agent's interactive request for it, queued after them, is in the next call,
+    not the eighth and last (gateway/dispatch/lanes.py: the agents share each batch of their class)."""
+    overrides = split_backends(models_dir, concurrency=1, queue_depth=1000)
+    overrides["pools"]["cpu"] = {
+        "backend": "embedded",
+        "max_batch_size": 8,
+        "preferred_batch_sizes": [8],
+        "max_queue_delay_us": 3_600_000_000,  # a batch goes out full: a cut for no other reason
+    }
+    requests = fresh_requests(synthetic(64, seed=53, kind=pb.REQUEST_KIND_TEXT), budget_s=30)
+    flood, lone = requests[:63], requests[63:]
+    for request in flood + lone:
+        request.complexity_hint = 0.0  # the CPU pool
+        request.priority = pb.PRIORITY_CLASS_INTERACTIVE
+        request.text.text = "wireless earbuds"  # one size bucket: one queue
+    lone[0].text.text = "xiaomi bank"  # its own row in a batch's inputs
+    async with (
+        run_gateway(models_dir=models_dir, **overrides) as gw,
+        WireClient(gw.endpoint("hgc"), agent_id="a1") as flooding,
+        WireClient(gw.endpoint("pccw"), agent_id="a2") as other,
+    ):
+        embedded, cpu = backend(gw, "embedded"), gw.pools["cpu"]
+        embedded.gate, embedded.inputs = asyncio.Event(), []
+        assert len((await flooding.wait_ack(await flooding.send(flood))).accepted_ids) == 63
+        await flooding.ping()  # after the batcher's pass: the first call holds 8, 55 wait
+        assert (embedded.calls, cpu.depth) == (1, 55)
+        assert list((await other.wait_ack(await other.send(lone))).accepted_ids) == [lone[0].request_id]
+        await other.ping()
+        assert (embedded.calls, cpu.depth) == (1, 56)
+        embedded.gate.set()
+        answered = await other.wait_responses([lone[0].request_id], timeout_s=20)
+        answered += await flooding.wait_responses([r.request_id for r in flood], timeout_s=20)
+        calls = embedded.inputs
+    assert [r.status for r in answered] == [pb.STATUS_OK] * 64
+    assert len(calls) == 8 and all(len(next(iter(c.values()))) <= 8 for c in calls)
+    rows = [np.concatenate([np.asarray(v).reshape(len(v), -1) for v in c.values()], axis=1) for c in calls]
+    flood_row = rows[0][0]
+    holding = [i for i, batch in enumerate(rows) if any((row != flood_row).any() for row in batch)]
+    assert holding == [1], holding  # first come first served: [7]

@@ -1,0 +1,133 @@
+"""A pool's queue for one model: three priority lanes, each shared between the agents whose requests wait
+in it.
+
+A lane holds slices of frames (a frame's requests routed alike arrive as one list), each agent's in the
+order they came. A batch is cut from the lanes in priority order, realtime first; within a lane the agents
+with requests waiting share it: each gets at most an equal part of what the batch has room for, taken
+from its oldest slices, and an agent taking less leaves the rest to the others (max-min fair), so an
+agent with thousands of requests queued delays another's by about one batch, not by all of its own; first
+come first served, one agent's flood of frames of 100 held another's lone interactive requests behind
+every request it had queued for that model (bench/realtime_under_load.py --lone interactive). The
+agents served go to the back of the lane's order, so when a batch has less room than the lane has agents,
+the next batch begins with the ones left out. Pure: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from gateway.dispatch.work import WorkItem
+
+
+class Lane:
+    """One priority class's requests in one model's queue, by agent (see the module's docstring)."""
+
+    __slots__ = ("_by_agent", "count")
+
+    def __init__(self) -> None:
+        # Each agent's slices, oldest first; the dict's order is the agents' turn order.
+        self._by_agent: dict[str, deque[list[WorkItem]]] = {}
+        self.count = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __bool__(self) -> bool:
+        return self.count > 0
+
+    @property
+    def agents(self) -> int:
+        """How many agents have requests waiting in the lane."""
+        return len(self._by_agent)
+
+    def add(self, items: list[WorkItem]) -> None:
+        """Queue a slice of one agent's frame (not empty), after that agent's earlier ones."""
+        agent = items[0].agent_id
+        slices = self._by_agent.get(agent)
+        if slices is None:
+            slices = self._by_agent[agent] = deque()
+        slices.append(items)
+        self.count += len(items)
+
+    def head(self) -> WorkItem | None:
+        """The request queued first of those at the front of each agent's line (None: the lane is empty)."""
+        oldest: WorkItem | None = None
+        for slices in self._by_agent.values():
+            first = slices[0][0]
+            if oldest is None or first.enqueued < oldest.enqueued:
+                oldest = first
+        return oldest
+
+    def take(self, n: int, out: list[WorkItem]) -> None:
+        """Move up to ``n`` requests into ``out``: the agents in turn, each at most an equal share of the
+        room left (at least one), each one's oldest first; those served go to the back of the turn order."""
+        by_agent = self._by_agent
+        while n > 0 and by_agent:
+            share = max(1, n // len(by_agent))
+            for agent in list(by_agent):
+                if n <= 0:
+                    break
+                n -= self._take_from(agent, min(share, n), out)
+
+    def _take_from(self, agent: str, n: int, out: list[WorkItem]) -> int:
+        """Move up to ``n`` of ``agent``'s oldest requests into ``out`` (splitting a slice if need be) and
+        put the agent at the back of the turn order, or out of it when none are left; how many moved."""
+        slices = self._by_agent.pop(agent)
+        taken = 0
+        while slices and taken < n:
+            first = slices[0]
+            room = n - taken
+            if len(first) <= room:
+                out.extend(slices.popleft())
+                taken += len(first)
+            else:
+                out.extend(first[:room])
+                slices[0] = first[room:]
+                taken = n
+        if slices:
+            self._by_agent[agent] = slices
+        self.count -= taken
+        return taken
+
+
+class ModelQueue:
+    """The three lanes of one (model, version, size group), realtime first: a batch takes a lane's requests
+    only once the lanes before it are empty."""
+
+    __slots__ = ("lanes",)
+
+    def __init__(self) -> None:
+        self.lanes: tuple[Lane, Lane, Lane] = (Lane(), Lane(), Lane())
+
+    def __len__(self) -> int:
+        lanes = self.lanes
+        return lanes[0].count + lanes[1].count + lanes[2].count
+
+    @property
+    def realtime(self) -> bool:
+        """Whether a realtime request is queued."""
+        return self.lanes[0].count > 0
+
+    def add(self, lane: int, items: list[WorkItem]) -> None:
+        self.lanes[lane].add(items)
+
+    def head(self) -> WorkItem | None:
+        """The oldest request of the most urgent lane that has any."""
+        for lane in self.lanes:
+            if lane:
+                return lane.head()
+        return None
+
+    def oldest_enqueued(self) -> float:
+        """When the oldest request queued was queued (the queue is not empty)."""
+        return min(head.enqueued for lane in self.lanes if (head := lane.head()) is not None)
+
+    def take(self, n: int) -> list[WorkItem]:
+        """Up to ``n`` requests, lane by lane, most urgent first."""
+        out: list[WorkItem] = []
+        for lane in self.lanes:
+            if len(out) >= n:
+                break
+            if lane:
+                lane.take(n - len(out), out)
+        return out

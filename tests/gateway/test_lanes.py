@@ -1,0 +1,113 @@
+"""A pool's lanes: the agents with requests queued in a priority class share each batch; each agent's
+requests keep their order; a more urgent lane still goes first."""
+
+from __future__ import annotations
+
+from edgewire import pb
+from gateway.dispatch.lanes import Lane, ModelQueue
+from gateway.dispatch.work import WorkItem
+from routing.types import Decision, Priority, Reason, Tier
+
+DECISION = Decision(Tier.EDGE_SERVER, "cpu", Reason.COMPLEXITY, 0.4)
+
+
+def frame(agent: str, n: int, enqueued: float, tag: str = "") -> list[WorkItem]:
+    """A slice of ``n`` requests of one of ``agent``'s frames, queued at ``enqueued``."""
+    out = []
+    for i in range(n):
+        request = pb.InferRequest(request_id=f"{agent}{tag}-{i}".encode(), model_name="rank-mlp")
+        work = WorkItem(request, agent, "us-west", "hgc", Priority.INTERACTIVE, 0.0, None, DECISION)
+        work.enqueued = enqueued
+        out.append(work)
+    return out
+
+
+def ids(items: list[WorkItem]) -> list[str]:
+    return [item.request.request_id.decode() for item in items]
+
+
+def taken(lane: Lane, n: int) -> list[WorkItem]:
+    out: list[WorkItem] = []
+    lane.take(n, out)
+    return out
+
+
+def test_a_lone_request_goes_in_the_next_batch_not_behind_another_agents_queue() -> None:
+    """One agent's 10 frames of 100 queued first, another agent's single request after them: the next
+    batch of 32 holds it (first come first served it waited for 1,000 requests: 32 batches)."""
+    lane = Lane()
+    for f in range(10):
+        lane.add(frame("flood", 100, enqueued=float(f), tag=f"f{f}"))
+    lane.add(frame("lone", 1, enqueued=10.0))
+    batch = taken(lane, 32)
+    assert len(batch) == 32
+    assert "lone-0" in ids(batch)
+    assert [i for i in ids(batch) if i != "lone-0"] == [f"floodf0-{i}" for i in range(31)]  # oldest, in order
+    assert (len(lane), lane.agents) == (1000 - 31, 1)
+
+
+def test_agents_share_a_batch_equally_and_one_taking_less_leaves_the_rest() -> None:
+    """Max-min: 3 agents with 100, 100 and 2 queued share a batch of 32 as 15, 15 and 2."""
+    lane = Lane()
+    lane.add(frame("a", 100, 0.0))
+    lane.add(frame("b", 100, 1.0))
+    lane.add(frame("c", 2, 2.0))
+    batch = taken(lane, 32)
+    by_agent = {agent: [i for i in ids(batch) if i.startswith(agent)] for agent in "abc"}
+    assert {a: len(v) for a, v in by_agent.items()} == {"a": 15, "b": 15, "c": 2}
+    assert by_agent["a"] == [f"a-{i}" for i in range(15)]
+    assert len(lane) == 200 - 30 and lane.agents == 2
+
+
+def test_each_agents_requests_keep_their_order_across_slices_and_batches() -> None:
+    """Slices split across batches: every agent's requests come out in the order they were queued."""
+    lane = Lane()
+    for f in range(4):
+        lane.add(frame("a", 7, float(f), tag=f"s{f}"))
+        lane.add(frame("b", 5, float(f) + 0.5, tag=f"s{f}"))
+    out: list[str] = []
+    while lane:
+        out += ids(taken(lane, 6))
+    for agent, n in (("a", 7), ("b", 5)):
+        assert [i for i in out if i.startswith(agent)] == [
+            f"{agent}s{f}-{i}" for f in range(4) for i in range(n)
+        ]
+    assert len(out) == 48
+
+
+def test_with_less_room_than_agents_the_next_batch_begins_with_those_left_out() -> None:
+    """Batches of 2 from 5 agents' lines: every agent is served within three batches."""
+    lane = Lane()
+    for agent in "abcde":
+        lane.add(frame(agent, 3, 0.0))
+    first_three = [ids(taken(lane, 2)) for _ in range(3)]
+    served = {i[0] for batch in first_three for i in batch}
+    assert served == set("abcde"), first_three
+    assert all(len(batch) == 2 for batch in first_three)
+
+
+def test_head_is_the_oldest_at_the_front_of_any_agents_line() -> None:
+    lane = Lane()
+    assert lane.head() is None
+    lane.add(frame("late", 2, 5.0))
+    lane.add(frame("early", 2, 1.0))
+    head = lane.head()
+    assert head is not None and ids([head]) == ["early-0"]
+
+
+def test_model_queue_takes_lanes_in_priority_order_then_shares_within_one() -> None:
+    """Realtime first; the batch's room left goes to the interactive lane's agents, shared."""
+    queue = ModelQueue()
+    queue.add(1, frame("flood", 50, 0.0))
+    queue.add(1, frame("lone", 1, 3.0))
+    queue.add(0, frame("rt", 2, 4.0, tag="rt"))
+    assert queue.realtime and len(queue) == 53
+    assert queue.oldest_enqueued() == 0.0
+    head = queue.head()
+    assert head is not None and ids([head]) == ["rtrt-0"]
+    batch = ids(queue.take(8))
+    assert batch[:2] == ["rtrt-0", "rtrt-1"]
+    assert "lone-0" in batch[2:] and len(batch) == 8
+    assert not queue.realtime and len(queue) == 45
+    rest = queue.take(len(queue))
+    assert ids(rest) == [f"flood-{i}" for i in range(5, 50)] and len(queue) == 0
