@@ -128,7 +128,7 @@ def start_gateway(workdir: Path, budget_enabled: bool) -> Peer:
         from inference.models.demo import write_demo_repository
 
         write_demo_repository(models)
-    toml = GATEWAY_TOML.format(backend="null", models=models, pools=pools_toml())
+    toml = GATEWAY_TOML.format(backend="null", models=models, backend_options="", pools=pools_toml())
     toml = toml.replace('level = "warning"', 'level = "info"')  # the ready line is logged at info
     toml += f"\n[budget]\nenabled = {'true' if budget_enabled else 'false'}\n"
     config = workdir / f"gateway-budget-{budget_enabled}.toml"

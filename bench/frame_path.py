@@ -543,10 +543,12 @@ def turns(trees: Sequence[Tree], repeat: int) -> list[Tree]:
     return list(trees) if repeat % 2 == 0 else list(reversed(trees))
 
 
-def start_tree(tree: Tree, work: Path, extra_toml: str = "") -> Peer:
+def start_tree(tree: Tree, work: Path, extra_toml: str = "", backend_options: str = "") -> Peer:
     work.mkdir(parents=True, exist_ok=True)
     try:
-        peer = start_gateway(work, "null", tree=tree.root, extra_toml=extra_toml)
+        peer = start_gateway(
+            work, "null", tree=tree.root, extra_toml=extra_toml, backend_options=backend_options
+        )
     except RuntimeError as exc:
         raise RuntimeError(f"the {tree.label} tree's gateway ({tree.root}) did not start: {exc}") from exc
     peer.name = f"hk-gateway ({tree.label})"

@@ -413,6 +413,7 @@ sndhwm = 100000
 [backends.embedded]
 type = "{backend}"
 repository = "{models}"
+{backend_options}
 {pools}
 """
 # Pools sized for a throughput run: queues deep enough for 8 frames of 100 in flight, and 8 batches in
@@ -471,16 +472,29 @@ kind = "image"
     return "".join(parts)
 
 
-def start_gateway(workdir: Path, backend: str, *, tree: Path | None = None, extra_toml: str = "") -> Peer:
-    """A gateway on this config (``extra_toml`` appended: more pools or models); ``tree``: run the code of
-    that checkout (cwd and PYTHONPATH set to it, e.g. the code before a change) instead of this one's."""
+def start_gateway(
+    workdir: Path,
+    backend: str,
+    *,
+    tree: Path | None = None,
+    extra_toml: str = "",
+    backend_options: str = "",
+) -> Peer:
+    """A gateway on this config (``extra_toml`` appended: more pools or models; ``backend_options``: TOML
+    lines of the backend's section); ``tree``: run the code of that checkout (cwd and PYTHONPATH set to
+    it, e.g. the code before a change) instead of this one's."""
     models = workdir / "models"
     if not models.exists():
         from inference.models.demo import write_demo_repository
 
         write_demo_repository(models)
     config = workdir / f"gateway-{backend}.toml"
-    config.write_text(GATEWAY_TOML.format(backend=backend, models=models, pools=pools_toml()) + extra_toml)
+    config.write_text(
+        GATEWAY_TOML.format(
+            backend=backend, models=models, backend_options=backend_options, pools=pools_toml()
+        )
+        + extra_toml
+    )
     # The ready line is logged at info; keep info on for it, warnings only would hide it.
     config.write_text(config.read_text().replace('level = "warning"', 'level = "info"'))
     return Peer(

@@ -62,7 +62,7 @@ async def _phase(workdir: Path, off_loop: bool, args: argparse.Namespace) -> Pha
 
         write_demo_repository(models)
     threshold = LimitsConfig().inflate_off_loop_bytes if off_loop else 0
-    toml = GATEWAY_TOML.format(backend="null", models=models, pools=pools_toml())
+    toml = GATEWAY_TOML.format(backend="null", models=models, backend_options="", pools=pools_toml())
     toml += f"\n[budget]\nenabled = false\n[limits]\ninflate_off_loop_bytes = {threshold}\n"
     path = workdir / f"gateway-{off_loop}.toml"
     path.write_text(toml)

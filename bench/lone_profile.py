@@ -115,7 +115,9 @@ async def run(
     models = work / "models"
     write_demo_repository(models)
     config = work / "gateway.toml"
-    config.write_text(GATEWAY_TOML.format(backend="null", models=models, pools=pools_toml()))
+    config.write_text(
+        GATEWAY_TOML.format(backend="null", models=models, backend_options="", pools=pools_toml())
+    )
     gateway = Gateway(load_config(config, environ={}))
     await gateway.start()
     endpoint = next(iter(gateway.carriers.values())).endpoint

@@ -2,7 +2,8 @@
 
     python -m bench.realtime_under_load [--old /tmp/old] [--new .] [--rate 500] [--seconds 5] [--repeats 2]
                                         [--load-nice 19] [--lone interactive --load-window 64
-                                        --load-agents 1] [--write]
+                                        --load-agents 1] [--simulated-call-ms 2
+                                        --simulated-row-us 150] [--write]
 
 Two gateways (null backend, bench/gateway_bench.py's config) run one at a time, ``--old`` (a checkout of the
 code before a change, e.g. ``git worktree add /tmp/old HEAD``) and ``--new``, taking turns in each repeat.
@@ -26,9 +27,16 @@ the ingest backlog as the load's do), and ``--load-window`` / ``--load-agents`` 
 with many frames in flight: how long one agent's frame waits behind another agent's frames in the backlog
 (one frame of each agent waiting since 2026-12-06, all of them before).
 
+``--simulated-call-ms`` / ``--simulated-row-us`` give the null backend a simulated device (one call at a
+time, that long per call plus that much per row: gateway/backends/null.py), so that the backend, not the
+gateway's CPU, bounds the load and the pools' queues fill: how long one agent's request waits in a pool's
+queue behind another agent's (first come first served before 2026-12-06's lanes; each batch shared by the
+agents after). Both trees must know the options (the null backend has them since 2026-12-06).
+
 Loopback only (re-run inside ``unshare --net`` as root); every loop is bounded in count and time.
 ``--write`` puts the table into docs/BENCHMARKS.md (section ``realtime-under-load``, or
-``interactive-beside-a-flood`` with ``--lone interactive``).
+``interactive-beside-a-flood`` with ``--lone interactive``, ``beside-a-flood-slow-backend`` with a simulated
+device).
 """
 
 from __future__ import annotations
@@ -179,13 +187,15 @@ def measure(
     repeats: int,
     load: Load,
     lone: pb.PriorityClass.ValueType = pb.PRIORITY_CLASS_REALTIME,
+    backend_options: str = "",
 ) -> dict[str, dict[str, Phase]]:
+    """Both trees, in turns per repeat (``backend_options``: TOML lines for the null backend's section)."""
     results = {t.label: {"alone": Phase(), "loaded": Phase()} for t in trees}
     requests = copies(mixed_requests(1, 4))
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(repeats):
             for tree in turns(trees, repeat):
-                peer = start_tree(tree, Path(tmp) / f"{tree.label}-{repeat}")
+                peer = start_tree(tree, Path(tmp) / f"{tree.label}-{repeat}", backend_options=backend_options)
                 try:
                     lone_run(peer, [], requests, rate, 1.0, lone)  # warm-up
                     alone = lone_run(peer, [], requests, rate, seconds, lone)
@@ -237,12 +247,27 @@ def render(results: dict[str, dict[str, Phase]], trees: list[Tree], args: argpar
     options = "" if realtime else f" --lone {args.lone}"
     if args.load_window != WINDOW or args.load_agents != Load.agents:
         options += f" --load-window {args.load_window} --load-agents {args.load_agents}"
+    simulated = args.simulated_call_ms > 0 or args.simulated_row_us > 0
+    device = ""
+    if simulated:
+        options += (
+            f" --simulated-call-ms {args.simulated_call_ms:g} --simulated-row-us {args.simulated_row_us:g}"
+        )
+        device = (
+            f" The null backend simulates one device: each call takes {args.simulated_call_ms:g} ms plus "
+            f"{args.simulated_row_us:g} us per row, one call at a time (a GPU cannot run here), so the "
+            "backend bounds the load and the pools' queues fill."
+        )
     agents = "1 other agent" if args.load_agents == 1 else f"{args.load_agents} other agents"
+    if simulated:
+        title = "## One agent's requests beside another's flood, the backend the bound (issue 24: pool lanes)"
+    elif realtime:
+        title = "## Realtime requests beside a batched load (issue 24 item 2)"
+    else:
+        title = "## One agent's interactive requests beside another's flood of frames (issue 24: backlog)"
     return "\n".join(
         [
-            "## Realtime requests beside a batched load (issue 24 item 2)"
-            if realtime
-            else "## One agent's interactive requests beside another's flood of frames (issue 24: backlog)",
+            title,
             "",
             f"`python -m bench.realtime_under_load --old {args.old} --rate {args.rate:g} "
             f"--seconds {args.seconds:g} --repeats {args.repeats} --load-nice {args.load_nice}{options} "
@@ -252,7 +277,8 @@ def render(results: dict[str, dict[str, Phase]], trees: list[Tree], args: argpar
             f"interactive and batch requests in flight from {agents}; each tree in turn, latencies",
             "pooled over the repeats. The gateway's part: its answers' `timing.total_us`, from the frame's",
             "read to the reply (the old code: from its decode; a frame unread in ZeroMQ is outside it); of",
-            "it, the wait in a pool's queue (the answers' `timing.queue_us`: its queueing to its batch).",
+            "it, the wait in a pool's queue (the answers' `timing.queue_us`: its queueing to its batch)."
+            + device,
             "",
             table(
                 [
@@ -284,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lone", choices=sorted(LONE), default="realtime", help="the lone requests' class")
     parser.add_argument("--load-window", type=int, default=WINDOW, help="the load's frames in flight")
     parser.add_argument("--load-agents", type=int, default=Load.agents, help="the load's agent ids")
+    parser.add_argument("--simulated-call-ms", type=float, default=0.0, help="the null backend's call time")
+    parser.add_argument("--simulated-row-us", type=float, default=0.0, help="... and its time per row")
     parser.add_argument("--write", action="store_true", help="update docs/BENCHMARKS.md")
     args = parser.parse_args(argv)
     code = reexec_in_namespace("bench.realtime_under_load", sys.argv[1:] if argv is None else argv)
@@ -292,11 +320,19 @@ def main(argv: list[str] | None = None) -> int:
     args.old, args.new = args.old.resolve(), args.new.resolve()
     trees = [Tree("old", args.old), Tree("new", args.new)]
     load = Load(args.load_nice, args.load_window, args.load_agents)
-    results = measure(trees, args.rate, args.seconds, args.repeats, load, LONE[args.lone])
+    simulated = args.simulated_call_ms > 0 or args.simulated_row_us > 0
+    call_s, row_s = args.simulated_call_ms / 1e3, args.simulated_row_us / 1e6
+    backend_options = f"simulated_call_s = {call_s!r}\nsimulated_row_s = {row_s!r}" if simulated else ""
+    results = measure(trees, args.rate, args.seconds, args.repeats, load, LONE[args.lone], backend_options)
     report = render(results, trees, args)
     print(report)
     if args.write:
-        section = "realtime-under-load" if args.lone == "realtime" else "interactive-beside-a-flood"
+        if simulated:
+            section = "beside-a-flood-slow-backend"
+        elif args.lone == "realtime":
+            section = "realtime-under-load"
+        else:
+            section = "interactive-beside-a-flood"
         update_section(section, report)
     return 0
 

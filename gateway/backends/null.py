@@ -1,7 +1,12 @@
-"""The null backend, for benchmarks: it serves model specs and answers every call at once with zeros.
+"""The null backend, for benchmarks: it serves model specs and answers every call with zeros.
 
 It measures the gateway without any model cost: ingress, decode, routing, batching, pipelines and replies
 all run as in production, and the backend call costs nothing. Never configure it for real traffic.
+
+A GPU cannot run here, so a bench that needs a backend slower than the gateway (its pools' queues, not
+the gateway's CPU, the bound) gives it a simulated device instead: ``simulated_call_s`` and
+``simulated_row_s`` make each call take that long plus that much per row, one call at a time on the
+backend as on one device, waited without CPU (a fake, named as such, of a model server's batch latency).
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ import asyncio
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 
@@ -26,17 +31,22 @@ from inference.backends.base import (
     register,
 )
 from inference.backends.modelrepo import ModelRepository, RepositoryOptions, spec_from_config
-from inference.backends.options import backend_options
+from inference.backends.options import backend_options, seconds
 from inference.models.demo import DEMO_MODELS, demo_config
 
 
 @backend_options("null")
 class NullOptions(RepositoryOptions):
-    """The ``null`` backend's options: only where its model specs come from (none = the demo models)."""
+    """The ``null`` backend's options: where its model specs come from (none = the demo models), and a
+    simulated device's time per call and per row (0: answered at once)."""
+
+    simulated_call_s: Annotated[float, seconds(zero_allowed=True)] = 0.0
+    simulated_row_s: Annotated[float, seconds(zero_allowed=True)] = 0.0
 
 
 class NullBackend:
-    """Benchmark backend: zeros of each declared output shape, immediately, for every call.
+    """Benchmark backend: zeros of each declared output shape for every call, at once or after the
+    simulated device's time.
 
     It serves the models of ``repository`` (their serving versions, read like the ONNX backend reads them)
     or, without one, version 1 of the three demo models. An output's batch dim is the first input's first
@@ -50,8 +60,12 @@ class NullBackend:
         repository: Path | None = None,
         pins: Mapping[str, str] | None = None,
         max_models: int = 64,
+        simulated_call_s: float = 0.0,
+        simulated_row_s: float = 0.0,
     ) -> None:
         self.name = name
+        self._call_s, self._row_s = simulated_call_s, simulated_row_s
+        self._device = asyncio.Lock()  # the simulated device runs one call at a time
         self._repository = (
             None if repository is None else ModelRepository(repository, pins=pins, max_models=max_models)
         )
@@ -98,6 +112,9 @@ class NullBackend:
             first = next(iter(call.inputs.values()), np.zeros(0))
         lead: tuple[int, ...] = (first.shape[0] if first.ndim else 0,) if spec.max_batch_size > 0 else ()
         outputs = {name: np.zeros(lead + dims, dtype=dtype) for name, dims, dtype in self._outputs[id(spec)]}
+        if self._call_s or self._row_s:
+            async with self._device:
+                await asyncio.sleep(self._call_s + self._row_s * (lead[0] if lead else 1))
         return InferResult(outputs=outputs, model_version=spec.version)
 
     def model(self, name: str, version: str = "") -> ModelSpec | None:
@@ -121,4 +138,11 @@ class NullBackend:
 def create_null_backend(name: str, options: Mapping[str, Any]) -> Backend:
     """Factory for ``type = "null"`` (benchmarks only): a :class:`NullBackend` from its config section."""
     repo = NullOptions.from_mapping(name, options)
-    return NullBackend(name, repository=repo.repository, pins=repo.pins, max_models=repo.max_models)
+    return NullBackend(
+        name,
+        repository=repo.repository,
+        pins=repo.pins,
+        max_models=repo.max_models,
+        simulated_call_s=repo.simulated_call_s,
+        simulated_row_s=repo.simulated_row_s,
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import numpy as np
@@ -92,3 +93,41 @@ def test_factory_refuses_unknown_options() -> None:
     """The null backend's section takes only repository options."""
     with pytest.raises(ValueError, match="unknown option 'threads'"):
         create("null", "bench", {"threads": 2})
+
+
+async def test_a_simulated_device_takes_its_time_per_call_and_row_one_call_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """simulated_call_s + simulated_row_s per row, waited on the loop; two calls at once run one after
+    the other (the waits recorded by a stand-in for asyncio.sleep that the test releases)."""
+    waits: list[float] = []
+    release = asyncio.Event()
+    turn = asyncio.sleep  # the loop's own, for the test's turns: the stand-in replaces asyncio's
+
+    async def held_sleep(seconds: float) -> None:
+        waits.append(seconds)
+        await release.wait()
+        release.clear()
+
+    backend = create("null", "sim", {"simulated_call_s": 0.002, "simulated_row_s": 0.0005})
+    await backend.start()
+    monkeypatch.setattr(asyncio, "sleep", held_sleep)
+    rows = {
+        n: {"features": np.ones((n, 40), np.float32), "item_rows": np.ones((n, 1), np.int64)} for n in (4, 8)
+    }
+    calls = [
+        asyncio.ensure_future(backend.infer(InferCall("rank-mlp", "", rows[n], Priority.BATCH, None)))
+        for n in (4, 8)
+    ]
+    for _ in range(5):
+        await turn(0)  # both calls start; the second waits for the device
+    assert waits == [pytest.approx(0.004)] and not any(c.done() for c in calls)
+    release.set()
+    first = await calls[0]
+    for _ in range(5):
+        await turn(0)
+    assert waits == [pytest.approx(0.004), pytest.approx(0.006)] and not calls[1].done()
+    release.set()
+    second = await calls[1]
+    assert [r.outputs["scores"].shape for r in (first, second)] == [(4, 1), (8, 1)]
+    await backend.aclose()

@@ -33,6 +33,7 @@ def test_every_shipped_backend_type_has_an_options_model() -> None:
         ("onnx", {"repository": "/m", "threads": True}, "threads"),
         ("onnx", {"repository": "/m", "device": "tpu"}, "device"),
         ("null", {"max_models": "all"}, "max_models"),
+        ("null", {"simulated_row_s": -0.001}, "simulated_row_s"),
         ("triton", {"url": "10.0.0.1:8001", "call_timeout_s": 0}, "call_timeout_s"),
         ("triton", {"url": "10.0.0.1:8001", "pins": {"rank-mlp": "latest"}}, "pins.rank-mlp"),
         ("triton", {"url": "10.0.0.1:8001", "models": ["a", ""]}, "models[1]"),
