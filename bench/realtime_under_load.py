@@ -27,8 +27,8 @@ the ingest backlog as the load's do), and ``--load-window`` / ``--load-agents`` 
 with many frames in flight: how long one agent's frame waits behind another agent's frames in the backlog
 (one frame of each agent waiting since 2026-12-06, all of them before).
 
-``--simulated-call-ms`` / ``--simulated-row-us`` give the null backend a simulated device (one call at a
-time, that long per call plus that much per row: gateway/backends/null.py), so that the backend, not the
+``--simulated-call-ms`` / ``--simulated-row-us`` give the null backend a simulated model server (that long
+per call plus that much per row, calls side by side: gateway/backends/null.py), so that the backend, not the
 gateway's CPU, bounds the load and the pools' queues fill: how long one agent's request waits in a pool's
 queue behind another agent's (first come first served before 2026-12-06's lanes; each batch shared by the
 agents after). Both trees must know the options (the null backend has them since 2026-12-06).
@@ -254,9 +254,9 @@ def render(results: dict[str, dict[str, Phase]], trees: list[Tree], args: argpar
             f" --simulated-call-ms {args.simulated_call_ms:g} --simulated-row-us {args.simulated_row_us:g}"
         )
         device = (
-            f" The null backend simulates one device: each call takes {args.simulated_call_ms:g} ms plus "
-            f"{args.simulated_row_us:g} us per row, one call at a time (a GPU cannot run here), so the "
-            "backend bounds the load and the pools' queues fill."
+            f" The null backend simulates a model server: each call takes {args.simulated_call_ms:g} ms plus "
+            f"{args.simulated_row_us:g} us per row, waited without CPU, as many at once as a pool sends (8; "
+            "a GPU cannot run here), so the backend bounds the load and the pools' queues fill."
         )
     agents = "1 other agent" if args.load_agents == 1 else f"{args.load_agents} other agents"
     if simulated:

@@ -5,8 +5,9 @@ all run as in production, and the backend call costs nothing. Never configure it
 
 A GPU cannot run here, so a bench that needs a backend slower than the gateway (its pools' queues, not
 the gateway's CPU, the bound) gives it a simulated device instead: ``simulated_call_s`` and
-``simulated_row_s`` make each call take that long plus that much per row, one call at a time on the
-backend as on one device, waited without CPU (a fake, named as such, of a model server's batch latency).
+``simulated_row_s`` make each call take that long plus that much per row, waited without CPU, calls in
+parallel as a model server runs as many as it has instances (the pool's ``concurrency`` bounds them):
+a fake, named as such, of a model server's batch latency.
 """
 
 from __future__ import annotations
@@ -65,7 +66,6 @@ class NullBackend:
     ) -> None:
         self.name = name
         self._call_s, self._row_s = simulated_call_s, simulated_row_s
-        self._device = asyncio.Lock()  # the simulated device runs one call at a time
         self._repository = (
             None if repository is None else ModelRepository(repository, pins=pins, max_models=max_models)
         )
@@ -113,8 +113,7 @@ class NullBackend:
         lead: tuple[int, ...] = (first.shape[0] if first.ndim else 0,) if spec.max_batch_size > 0 else ()
         outputs = {name: np.zeros(lead + dims, dtype=dtype) for name, dims, dtype in self._outputs[id(spec)]}
         if self._call_s or self._row_s:
-            async with self._device:
-                await asyncio.sleep(self._call_s + self._row_s * (lead[0] if lead else 1))
+            await asyncio.sleep(self._call_s + self._row_s * (lead[0] if lead else 1))
         return InferResult(outputs=outputs, model_version=spec.version)
 
     def model(self, name: str, version: str = "") -> ModelSpec | None:

@@ -95,11 +95,11 @@ def test_factory_refuses_unknown_options() -> None:
         create("null", "bench", {"threads": 2})
 
 
-async def test_a_simulated_device_takes_its_time_per_call_and_row_one_call_at_a_time(
+async def test_a_simulated_model_server_takes_its_time_per_call_and_row(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """simulated_call_s + simulated_row_s per row, waited on the loop; two calls at once run one after
-    the other (the waits recorded by a stand-in for asyncio.sleep that the test releases)."""
+    """simulated_call_s + simulated_row_s per row, waited on the loop (the waits recorded by a stand-in
+    for asyncio.sleep that the test releases); two calls at once wait side by side."""
     waits: list[float] = []
     release = asyncio.Event()
     turn = asyncio.sleep  # the loop's own, for the test's turns: the stand-in replaces asyncio's
@@ -107,7 +107,6 @@ async def test_a_simulated_device_takes_its_time_per_call_and_row_one_call_at_a_
     async def held_sleep(seconds: float) -> None:
         waits.append(seconds)
         await release.wait()
-        release.clear()
 
     backend = create("null", "sim", {"simulated_call_s": 0.002, "simulated_row_s": 0.0005})
     await backend.start()
@@ -120,14 +119,9 @@ async def test_a_simulated_device_takes_its_time_per_call_and_row_one_call_at_a_
         for n in (4, 8)
     ]
     for _ in range(5):
-        await turn(0)  # both calls start; the second waits for the device
-    assert waits == [pytest.approx(0.004)] and not any(c.done() for c in calls)
-    release.set()
-    first = await calls[0]
-    for _ in range(5):
         await turn(0)
-    assert waits == [pytest.approx(0.004), pytest.approx(0.006)] and not calls[1].done()
+    assert waits == [pytest.approx(0.004), pytest.approx(0.006)] and not any(c.done() for c in calls)
     release.set()
-    second = await calls[1]
-    assert [r.outputs["scores"].shape for r in (first, second)] == [(4, 1), (8, 1)]
+    results = await asyncio.gather(*calls)
+    assert [r.outputs["scores"].shape for r in results] == [(4, 1), (8, 1)]
     await backend.aclose()
