@@ -14,6 +14,7 @@ the next batch begins with the ones left out. Pure: no clock, no I/O.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 from gateway.dispatch.work import WorkItem
@@ -45,14 +46,19 @@ class Lane:
         agent = items[0].agent_id
         slices = self._by_agent.get(agent)
         if slices is None:
-            slices = self._by_agent[agent] = deque()
-        slices.append(items)
+            self._by_agent[agent] = deque((items,))
+        else:
+            slices.append(items)
         self.count += len(items)
 
     def head(self) -> WorkItem | None:
         """The request queued first of those at the front of each agent's line (None: the lane is empty)."""
+        by_agent = self._by_agent
+        if len(by_agent) == 1:  # mostly
+            for slices in by_agent.values():
+                return slices[0][0]
         oldest: WorkItem | None = None
-        for slices in self._by_agent.values():
+        for slices in by_agent.values():
             first = slices[0][0]
             if oldest is None or first.enqueued < oldest.enqueued:
                 oldest = first
@@ -62,6 +68,10 @@ class Lane:
         """Move up to ``n`` requests into ``out``: the agents in turn, each at most an equal share of the
         room left (at least one), each one's oldest first; those served go to the back of the turn order."""
         by_agent = self._by_agent
+        if len(by_agent) == 1:  # mostly: one agent's requests, no sharing to work out
+            for agent in by_agent:
+                self._take_from(agent, n, out)
+                return  # before the loop goes on: _take_from changed the dict
         while n > 0 and by_agent:
             share = max(1, n // len(by_agent))
             for agent in list(by_agent):
@@ -114,13 +124,21 @@ class ModelQueue:
     def head(self) -> WorkItem | None:
         """The oldest request of the most urgent lane that has any."""
         for lane in self.lanes:
-            if lane:
+            if lane.count:
+                if len(lane._by_agent) == 1:  # mostly: its one agent's oldest
+                    for slices in lane._by_agent.values():
+                        return slices[0][0]
                 return lane.head()
         return None
 
     def oldest_enqueued(self) -> float:
         """When the oldest request queued was queued (the queue is not empty)."""
-        return min(head.enqueued for lane in self.lanes if (head := lane.head()) is not None)
+        oldest = math.inf
+        for lane in self.lanes:
+            if lane.count:
+                for slices in lane._by_agent.values():
+                    oldest = min(oldest, slices[0][0].enqueued)
+        return oldest
 
     def take(self, n: int) -> list[WorkItem]:
         """Up to ``n`` requests, lane by lane, most urgent first."""
@@ -128,6 +146,6 @@ class ModelQueue:
         for lane in self.lanes:
             if len(out) >= n:
                 break
-            if lane:
+            if lane.count:
                 lane.take(n - len(out), out)
         return out

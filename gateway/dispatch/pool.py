@@ -229,13 +229,13 @@ class PoolDispatcher:
         for item in items:
             item.enqueued = now
         if not padded:
-            self._queue_of((model, version, 0)).add(lane, items)
+            self._queue_of((model, version, 0)).lanes[lane].add(items)
         else:  # one slice per length bucket
             buckets: dict[int, list[WorkItem]] = {}
             for item in items:
                 buckets.setdefault(length_bucket(item.text_tokens), []).append(item)
             for bucket, part in buckets.items():
-                self._queue_of((model, version, bucket)).add(lane, part)
+                self._queue_of((model, version, bucket)).lanes[lane].add(part)
         self._depth += len(items)
         self._schedule_pass()
         return True
@@ -330,7 +330,7 @@ class PoolDispatcher:
 
     def _delay_for(self, queue: ModelQueue) -> float:
         """How long the queue's oldest request may wait for company: less when a realtime one is queued."""
-        return self._realtime_delay_s if queue.realtime else self._delay_s
+        return self._realtime_delay_s if queue.lanes[0].count else self._delay_s
 
     def _schedule_pass(self) -> None:
         if self._running and not self._pass_scheduled and self._loop is not None:
@@ -364,10 +364,10 @@ class PoolDispatcher:
             if picked is None:
                 return
             key, queue = picked
-            if realtime and not queue.realtime:  # the rest of the pass has no realtime request
+            if realtime and not queue.lanes[0].count:  # the rest of the pass has no realtime request
                 realtime = False
                 self._send_realtime_answers()
-            realtime = realtime or bool(queue.realtime)
+            realtime = realtime or bool(queue.lanes[0].count)
             now = time.monotonic()
             spec = self._spec(key[0], key[1])
             size = self._ready_size(queue, now, spec)
