@@ -20,7 +20,8 @@ order they were read, the agents sharing the turns by the work of their frames (
 failover) delays another agent's frame by about one round, not by all of its own; a round robin of frames
 is not enough: an agent of small frames gets one per large frame of the other, whatever its rate (one
 agent's 64 frames of 100 in flight held another's lone interactive requests 243 ms at p50 first come first
-served, 1.35 s by frames, 12.6 ms by work: bench/realtime_under_load.py --lone interactive).
+served, 1.35 s by frames, 12.6 ms by work in rounds of 64 KiB, 8.4 ms in rounds of :data:`QUANTUM`:
+bench/realtime_under_load.py --lone interactive).
 Bounded by frames and by bytes: a frame arriving at a full backlog waits after the oldest frames of the
 agent holding the most have been served to make room (the flood pays for its room, not the agent that
 arrives next; the reader's turn then ends on its time budget as before the backlog, and the rest waits in
