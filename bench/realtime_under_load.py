@@ -42,6 +42,7 @@ device).
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
 import sys
@@ -313,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--simulated-call-ms", type=float, default=0.0, help="the null backend's call time")
     parser.add_argument("--simulated-row-us", type=float, default=0.0, help="... and its time per row")
     parser.add_argument("--write", action="store_true", help="update docs/BENCHMARKS.md")
+    parser.add_argument("--dump", type=Path, help="write every latency (ms) per tree and phase as JSON")
     args = parser.parse_args(argv)
     code = reexec_in_namespace("bench.realtime_under_load", sys.argv[1:] if argv is None else argv)
     if code is not None:
@@ -326,6 +328,22 @@ def main(argv: list[str] | None = None) -> int:
     results = measure(trees, args.rate, args.seconds, args.repeats, load, LONE[args.lone], backend_options)
     report = render(results, trees, args)
     print(report)
+    if args.dump is not None:
+        args.dump.write_text(
+            json.dumps(
+                {
+                    tree: {
+                        name: {
+                            "latency_ms": ph.latencies_ms,
+                            "gateway_ms": ph.gateway_ms,
+                            "queue_ms": ph.queue_ms,
+                        }
+                        for name, ph in phases.items()
+                    }
+                    for tree, phases in results.items()
+                }
+            )
+        )
     if args.write:
         if simulated:
             section = "beside-a-flood-slow-backend"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -746,14 +746,14 @@ class Ingest:
         for (agent_id, carrier), batch in outbox.items():
             self._replies.respond_many(agent_id, batch, carrier)
 
-    def after_realtime(self) -> None:
+    def after_realtime(self, agents: Collection[str]) -> None:
         """A pool has answered batches of frames marked realtime (all those a pass served, once it has cut
-        its realtime batches): send the answers made so far now, one frame per agent and carrier, not at
-        the end of the loop's tick (ReplyRouter.send_now). Realtime requests in frames marked otherwise
-        waited in the backlog as their frames did; their answers go with the tick's, coalesced (a frame of
-        100 mixed requests from each of 8 agents sent per batch cost 15% more CPU per record,
-        bench/frame_path.py)."""
-        self._replies.send_now()
+        its realtime batches): send the answers made so far to their ``agents`` now, one frame per agent
+        and carrier, not at the end of the loop's tick (ReplyRouter.send_now); other agents' answers stay
+        for the tick's flush. Realtime requests in frames marked otherwise waited in the backlog as their
+        frames did; their answers go with the tick's, coalesced (a frame of 100 mixed requests from each of
+        8 agents sent per batch cost 15% more CPU per record, bench/frame_path.py)."""
+        self._replies.send_now(agents)
 
     def flush_replies(self) -> None:
         """Send every reply ready, Acks still held for answers included (drain)."""

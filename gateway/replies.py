@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 import structlog
@@ -175,14 +175,31 @@ class ReplyRouter:
             pending.extend(responses)
         self._schedule()
 
-    def send_now(self) -> None:
-        """Send what is ready now, not at the end of the tick (realtime answers, :meth:`flush`'s rules).
+    def send_now(self, agents: Collection[str]) -> None:
+        """Send the answers ready for ``agents`` now, not at the end of the tick (urgent answers), each with
+        the Acks held for its agent and carrier (:meth:`flush`'s rules); other agents' answers wait for the
+        tick's flush, coalesced as before.
 
         The flush of a tick is a callback queued behind those queued before it: under a batched load the
         ingest backlog's next turn and the batchers' passes, ~1-3 ms, which realtime answers waited for
-        (bench/realtime_under_load.py)."""
-        if self._outbox:
-            self.flush()
+        (bench/realtime_under_load.py). Sending only their agents' keeps a flood's answers of the same tick
+        in one frame: flushing everything split them once per urgent batch."""
+        outbox = self._outbox
+        if not outbox:
+            return
+        now = {key: outbox.pop(key) for key in [key for key in outbox if key[0] in agents]}
+        if not now:
+            return
+        acks = self._acks
+        for key in list(now):
+            pending = acks.pop(key, None)
+            if pending is not None:
+                rest = self._send_acks(key[0], key[1], pending, now[key])
+                if rest:
+                    now[key] = rest
+                else:
+                    del now[key]
+        self._send(now)
 
     def _schedule(self) -> None:
         if self._flush_handle is None:
@@ -197,6 +214,11 @@ class ReplyRouter:
         outbox, self._outbox = self._outbox, {}
         if self._acks:
             self._flush_acks(outbox, every_ack)
+        self._send(outbox)
+
+    def _send(self, outbox: dict[tuple[str, str], list[bytes]]) -> None:
+        """Deliver answers, per agent and carrier asked on, in frames of at most MAX_RESPONSES_PER_FRAME;
+        an agent reachable on no route has them kept for it."""
         for (agent_id, asked_on), responses in outbox.items():
             for start in range(0, len(responses), MAX_RESPONSES_PER_FRAME):
                 chunk = responses[start : start + MAX_RESPONSES_PER_FRAME]

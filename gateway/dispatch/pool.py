@@ -120,7 +120,7 @@ class PoolDispatcher:
         observe: Observe | None = None,
         ewma_alpha: float = 0.2,
         pipelines: PipelineDeclarations | None = None,
-        after_realtime: Callable[[], None] | None = None,
+        after_realtime: Callable[[set[str]], None] | None = None,
     ) -> None:
         self.name = name
         self.dispatch = dispatch
@@ -134,12 +134,13 @@ class PoolDispatcher:
         self._reroute = reroute
         self._observe = observe
         self._respond_ok = respond_ok
-        # Sends the answers made so far (Ingest.after_realtime): called once the batches of frames marked
-        # realtime are answered, or, those a pass served on the loop, once it has cut its realtime batches
-        # (they go first) or is over: answers to realtime frames leave then, not at the end of the tick.
+        # Sends the answers made so far to the agents of frames marked realtime (Ingest.after_realtime):
+        # called once their batches are answered, or, those a pass served on the loop, once it has cut its
+        # realtime batches (they go first) or is over: answers to realtime frames leave then, not at the
+        # end of the tick; other agents' answers stay for the tick's coalesced flush.
         self._after_realtime = after_realtime
         self._in_pass = False
-        self._realtime_answered = False  # batches of frames marked realtime answered in this pass
+        self._urgent_agents: set[str] = set()  # whose realtime frames' batches were answered in this pass
         self._alpha = ewma_alpha
         self._pipelines = pipelines or PipelineDeclarations()
         # One queue per (model, version, size group); the size group is 0 unless padding makes it matter.
@@ -352,10 +353,10 @@ class PoolDispatcher:
             self._send_realtime_answers()
 
     def _send_realtime_answers(self) -> None:
-        if self._realtime_answered:
-            self._realtime_answered = False
+        if self._urgent_agents:
+            agents, self._urgent_agents = self._urgent_agents, set()
             if self._after_realtime is not None:
-                self._after_realtime()
+                self._after_realtime(agents)
 
     def _cut(self) -> None:
         realtime = False  # realtime batches cut in this pass, their answers not sent yet
@@ -438,7 +439,7 @@ class PoolDispatcher:
                 self._answer_status(item, "INTERNAL", "internal error while serving the batch")
         first = items[0]  # a batch's realtime requests lead it (that lane is cut first)
         if first.priority is Priority.REALTIME and (first.urgent or any(item.urgent for item in items)):
-            self._realtime_answered = True
+            self._urgent_agents.update(item.agent_id for item in items if item.urgent)
             if not self._in_pass:  # finished in a task of its own (a worker, a remote backend): now
                 self._send_realtime_answers()
 

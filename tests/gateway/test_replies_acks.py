@@ -150,3 +150,33 @@ async def test_answers_of_another_agent_carry_no_ack() -> None:
     [(routing_id, payload)] = carrier.sent
     assert routing_id == b"conn-2"
     assert isinstance(payload, pb.ResponseBatch) and not payload.acks
+
+
+async def test_send_now_sends_only_the_urgent_agents_answers_with_their_acks() -> None:
+    """send_now (an urgent frame's batch answered) sends its agents' answers, each with the Acks held for
+    its connection; another agent's answers and Acks of the same tick wait for the tick's flush, so that a
+    flood's answers of one tick still leave in one frame."""
+    replies, carrier, clock = router(hold_us=2000)
+    urgent, flood = new_id(), [new_id(), new_id()]
+    replies.seen("lone", "hgc", b"conn-lone", clock[0])
+    replies.seen("flood", "hgc", b"conn-flood", clock[0])
+    lone_ack, flood_ack = ack_of(urgent), ack_of(*flood)
+    replies.acknowledge("lone", carrier, b"conn-lone", lone_ack)
+    replies.acknowledge("flood", carrier, b"conn-flood", flood_ack)
+    replies.respond("flood", answer(flood[0]), "hgc")
+    replies.respond("lone", answer(urgent), "hgc")
+    replies.send_now({"lone"})
+    assert len(carrier.sent) == 1
+    routing_id, payload = carrier.sent[0]
+    assert routing_id == b"conn-lone" and isinstance(payload, pb.ResponseBatch)
+    assert list(payload.acks) == [lone_ack]
+    assert [r.request_id for r in payload.responses] == [urgent]
+    replies.respond("flood", answer(flood[1]), "hgc")  # later in the same tick
+    replies.send_now({"lone"})  # nothing more for it: nothing sent
+    assert len(carrier.sent) == 1
+    replies.flush()
+    assert len(carrier.sent) == 2
+    routing_id, payload = carrier.sent[1]
+    assert routing_id == b"conn-flood" and isinstance(payload, pb.ResponseBatch)
+    assert list(payload.acks) == [flood_ack]
+    assert [r.request_id for r in payload.responses] == flood
