@@ -187,18 +187,28 @@ class ReplyRouter:
         outbox = self._outbox
         if not outbox:
             return
-        now = {key: outbox.pop(key) for key in [key for key in outbox if key[0] in agents]}
-        if not now:
+        # Plain loops: this runs once per realtime batch pass (comprehensions are calls of their own).
+        ready: dict[tuple[str, str], list[bytes]] = {}
+        for key, responses in outbox.items():
+            if key[0] in agents:
+                ready[key] = responses
+        if not ready:
             return
         acks = self._acks
-        for key in list(now):
+        now: dict[tuple[str, str], list[bytes]] = {}
+        for key, responses in ready.items():
+            del outbox[key]
             pending = acks.pop(key, None)
-            if pending is not None:
-                rest = self._send_acks(key[0], key[1], pending, now[key])
-                if rest:
-                    now[key] = rest
-                else:
-                    del now[key]
+            rest = responses if pending is None else self._send_acks(key[0], key[1], pending, responses)
+            if rest:
+                now[key] = rest
+        if not acks:
+            if self._ack_timer is not None:  # every held Ack went with its answers (as in _flush_acks)
+                self._ack_timer.cancel()
+                self._ack_timer = None
+            if not outbox and self._flush_handle is not None:  # nothing left for the tick's flush
+                self._flush_handle.cancel()
+                self._flush_handle = None
         self._send(now)
 
     def _schedule(self) -> None:

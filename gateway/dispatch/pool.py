@@ -439,7 +439,10 @@ class PoolDispatcher:
                 self._answer_status(item, "INTERNAL", "internal error while serving the batch")
         first = items[0]  # a batch's realtime requests lead it (that lane is cut first)
         if first.priority is Priority.REALTIME and (first.urgent or any(item.urgent for item in items)):
-            self._urgent_agents.update(item.agent_id for item in items if item.urgent)
+            agents = self._urgent_agents
+            for item in items:
+                if item.urgent:
+                    agents.add(item.agent_id)
             if not self._in_pass:  # finished in a task of its own (a worker, a remote backend): now
                 self._send_realtime_answers()
 
