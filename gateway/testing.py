@@ -43,8 +43,10 @@ class FaultInjectingBackend:
     Config: ``{type = "fault-injecting", inner = {type = "onnx", ...}}``. Tests flip ``fail``, ``delay_s``
     or ``healthy`` on the live object (``gateway.backends[name]``) and read ``calls``; a ``gate`` (an
     ``asyncio.Event``) holds every call until the test sets it, so a test decides when calls finish instead
-    of racing a delay against the machine's speed; ``inputs`` set to a list keeps every call's inputs, in
-    the order the calls came (a test reads which requests a batch held).
+    of racing a delay against the machine's speed; ``inputs`` set to a list keeps a copy of every call's
+    inputs, in the order the calls came (a test reads which requests a batch held; a copy, because a batch
+    prepared in a CPU worker is read from a shared-memory slot that the next batch reuses and that is gone
+    once the gateway stops).
     """
 
     def __init__(self, name: str, inner: Backend) -> None:
@@ -66,7 +68,7 @@ class FaultInjectingBackend:
         self.calls += 1
         self.rows += len(next(iter(call.inputs.values()))) if call.inputs else 0
         if self.inputs is not None:
-            self.inputs.append(call.inputs)
+            self.inputs.append({name: np.array(value) for name, value in call.inputs.items()})
         if self.gate is not None:
             await self.gate.wait()
         if self.delay_s:

@@ -23,12 +23,13 @@ from gateway.dispatch.work import WorkItem
 class Lane:
     """One priority class's requests in one model's queue, by agent (see the module's docstring)."""
 
-    __slots__ = ("_by_agent", "count")
+    __slots__ = ("_by_agent", "count", "urgent")
 
     def __init__(self) -> None:
         # Each agent's slices, oldest first; the dict's order is the agents' turn order.
         self._by_agent: dict[str, deque[list[WorkItem]]] = {}
         self.count = 0
+        self.urgent = 0  # of them, urgent frames' (WorkItem.urgent; a slice is one frame's: all or none)
 
     def __len__(self) -> int:
         return self.count
@@ -50,6 +51,8 @@ class Lane:
         else:
             slices.append(items)
         self.count += len(items)
+        if items[0].urgent:
+            self.urgent += len(items)
 
     def head(self) -> WorkItem | None:
         """The request queued first of those at the front of each agent's line (None: the lane is empty)."""
@@ -83,20 +86,24 @@ class Lane:
         """Move up to ``n`` of ``agent``'s oldest requests into ``out`` (splitting a slice if need be) and
         put the agent at the back of the turn order, or out of it when none are left; how many moved."""
         slices = self._by_agent.pop(agent)
-        taken = 0
+        taken = urgent = 0
         while slices and taken < n:
             first = slices[0]
             room = n - taken
             if len(first) <= room:
                 out.extend(slices.popleft())
-                taken += len(first)
+                moved = len(first)
             else:
                 out.extend(first[:room])
                 slices[0] = first[room:]
-                taken = n
+                moved = room
+            taken += moved
+            if first[0].urgent:
+                urgent += moved
         if slices:
             self._by_agent[agent] = slices
         self.count -= taken
+        self.urgent -= urgent
         return taken
 
 

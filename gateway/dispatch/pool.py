@@ -161,6 +161,14 @@ class PoolDispatcher:
         self._preferred = sorted(p for p in dispatch.preferred_batch_sizes if p <= self._max_batch)
         self._delay_s = dispatch.max_queue_delay_us / 1e6 if dispatch.batching else 0.0
         self._realtime_delay_s = min(dispatch.realtime_queue_delay_us / 1e6, self._delay_s)
+        # A batch holding realtime requests of urgent frames (marked realtime: WorkItem.urgent) takes other
+        # requests only up to the batch size that the CPU stage runs in this process
+        # (CpuStage.inline_max_requests): filled to 128 with a flood's requests, a lone realtime request went
+        # with them through a worker's round trip for its prepare and for its finish (behind the flood's
+        # batches there, ~7 ms each on two cores: 0.3-0.6% of the lone realtime requests of
+        # bench/realtime_under_load.py took ~15 ms in the gateway, the rest under 2.5). Realtime requests in
+        # frames marked otherwise waited in the backlog as their frames did and batch as before.
+        self._realtime_batch = cpu.inline_max_requests
         self._task_name = f"batch-{name}"
         # This pool's metric children, taken from metrics.child on first use (a series appears when it is
         # first written, as before) and kept here: a batch of one would otherwise pay a lookup each.
@@ -377,6 +385,9 @@ class PoolDispatcher:
                 assert self._loop is not None
                 self._timer = self._loop.call_later(max(wait, 0.0), self._schedule_pass)
                 return
+            first_lane = queue.lanes[0]
+            if first_lane.urgent and size > self._realtime_batch:  # the realtime ones, the rest as run inline
+                size = max(min(size, first_lane.count), self._realtime_batch)
             items = queue.take(size)
             self._depth -= len(items)
             if not queue:

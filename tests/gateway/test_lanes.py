@@ -111,3 +111,20 @@ def test_model_queue_takes_lanes_in_priority_order_then_shares_within_one() -> N
     assert not queue.realtime and len(queue) == 45
     rest = queue.take(len(queue))
     assert ids(rest) == [f"flood-{i}" for i in range(5, 50)] and len(queue) == 0
+
+
+def test_a_lane_counts_the_requests_of_urgent_frames_it_holds() -> None:
+    """``urgent`` counts the queued requests of urgent frames (WorkItem.urgent: frames marked realtime),
+    slices split by a batch included, so the pool knows when a batch it cuts holds a caller waiting alone."""
+    lane = Lane()
+    lane.add(frame("flood", 40, enqueued=0.0))
+    lone = frame("lone", 3, enqueued=1.0)
+    for item in lone:
+        item.urgent = True
+    lane.add(lone)
+    assert (lane.count, lane.urgent) == (43, 3)
+    first = taken(lane, 4)  # two each: the flood's 2 oldest, 2 of the lone agent's 3 (a slice split)
+    assert sorted(ids(first)) == ["flood-0", "flood-1", "lone-0", "lone-1"]
+    assert (lane.count, lane.urgent) == (39, 1)
+    taken(lane, 39)
+    assert (lane.count, lane.urgent) == (0, 0)

@@ -423,6 +423,54 @@ async def test_pipeline_declared_in_the_gateway_config_overrides_the_models(mode
     assert [key for key, _ in caught.value.problems] == ["pipelines.no-such-model"]
 
 
+async def test_a_realtime_request_is_batched_with_no_more_than_runs_inline(models_dir: Path) -> None:
+    """A realtime request queued with 40 of a flood's interactive requests for one model: its batch takes
+    the flood's only up to ``cpu.inline_max_requests`` (32, the CPU stage's work then stays in this process,
+    no worker round trip each way); the rest go in the next batch (pool.py: ``_realtime_batch``)."""
+    overrides = split_backends(models_dir, concurrency=1, queue_depth=1000)
+    overrides["pools"]["cpu"] = {
+        "backend": "embedded",
+        "max_batch_size": 64,
+        "preferred_batch_sizes": [64],
+        "max_queue_delay_us": 200_000,  # the last 9 go when this is over
+    }
+    requests = fresh_requests(synthetic(105, seed=59, kind=pb.REQUEST_KIND_TEXT), budget_s=30)
+    flood, lone = requests[:104], requests[104:]
+    for request in flood + lone:
+        request.complexity_hint = 0.0  # the CPU pool
+        request.priority = pb.PRIORITY_CLASS_INTERACTIVE
+        request.text.text = "wireless earbuds"  # one size bucket: one queue
+    lone[0].text.text = "xiaomi bank"  # its own row in a batch's inputs
+    lone[0].priority = pb.PRIORITY_CLASS_REALTIME
+    async with (
+        run_gateway(models_dir=models_dir, **overrides) as gw,
+        WireClient(gw.endpoint("hgc"), agent_id="a1") as flooding,
+        WireClient(gw.endpoint("pccw"), agent_id="a2") as other,
+    ):
+        embedded, cpu = backend(gw, "embedded"), gw.pools["cpu"]
+        assert gw.config.cpu.inline_max_requests == 32
+        embedded.gate, embedded.inputs = asyncio.Event(), []
+        assert len((await flooding.wait_ack(await flooding.send(flood))).accepted_ids) == 104
+        # The first batch, 64, is prepared in a CPU worker, then its call holds; 40 wait.
+        await wait_for(lambda: embedded.calls == 1, what="the first call")
+        assert cpu.depth == 40
+        sent = await other.send(lone, priority=pb.PRIORITY_CLASS_REALTIME)
+        assert list((await other.wait_ack(sent)).accepted_ids) == [lone[0].request_id]
+        await other.ping()
+        assert (embedded.calls, cpu.depth) == (1, 41)
+        embedded.gate.set()
+        answered = await other.wait_responses([lone[0].request_id], timeout_s=20)
+        answered += await flooding.wait_responses([r.request_id for r in flood], timeout_s=20)
+        calls = embedded.inputs
+    assert [r.status for r in answered] == [pb.STATUS_OK] * 105
+    rows = [np.concatenate([np.asarray(v).reshape(len(v), -1) for v in c.values()], axis=1) for c in calls]
+    flood_row = rows[0][0]
+    holding = [i for i, batch in enumerate(rows) if any((row != flood_row).any() for row in batch)]
+    assert holding == [1], holding
+    assert [len(batch) for batch in rows] == [64, 32, 9]  # all 41 in one before
+    assert (rows[1][0] != flood_row).any()  # the realtime request leads its batch
+
+
 async def test_another_agents_request_goes_in_the_next_batch_not_behind_a_flood(models_dir: Path) -> None:
     """One agent's 63 interactive requests queue for a model served 8 at a time, one call at a time (the
     first call held); another agent's interactive request for it, queued after them, is in the next call,
