@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -423,24 +423,67 @@ async def test_pipeline_declared_in_the_gateway_config_overrides_the_models(mode
     assert [key for key, _ in caught.value.problems] == ["pipelines.no-such-model"]
 
 
+def one_text_queue(models_dir: Path, batch: int, delay_us: int) -> dict[str, Any]:
+    """Overrides: the CPU pool on the embedded backend, batches of ``batch`` (also its preferred size) or
+    after ``delay_us``, one call at a time."""
+    overrides = split_backends(models_dir, concurrency=1, queue_depth=1000)
+    overrides["pools"]["cpu"] = {
+        "backend": "embedded",
+        "max_batch_size": batch,
+        "preferred_batch_sizes": [batch],
+        "max_queue_delay_us": delay_us,
+    }
+    return overrides
+
+
+def flood_and_lone(n: int, seed: int) -> tuple[list[pb.InferRequest], list[pb.InferRequest]]:
+    """``n`` interactive text requests for the CPU pool, all in one queue (one size bucket): the first
+    ``n - 1`` alike (a flood), the last with a text of its own (its own row in a batch's inputs)."""
+    requests = fresh_requests(synthetic(n, seed=seed, kind=pb.REQUEST_KIND_TEXT), budget_s=30)
+    for request in requests:
+        request.complexity_hint = 0.0  # the CPU pool
+        request.priority = pb.PRIORITY_CLASS_INTERACTIVE
+        request.text.text = "wireless earbuds"
+    requests[-1].text.text = "xiaomi bank"
+    return requests[:-1], requests[-1:]
+
+
+def batch_rows(calls: list[Mapping[str, np.ndarray]]) -> tuple[list[np.ndarray], list[int]]:
+    """Each call's input rows, and the calls holding a row unlike the first call's first (the lone's)."""
+    rows = [np.concatenate([np.asarray(v).reshape(len(v), -1) for v in c.values()], axis=1) for c in calls]
+    flood_row = rows[0][0]
+    return rows, [i for i, batch in enumerate(rows) if any((row != flood_row).any() for row in batch)]
+
+
+async def lone_then_release(
+    gw: Gateway,
+    clients: tuple[WireClient, WireClient],
+    flood: list[pb.InferRequest],
+    lone: list[pb.InferRequest],
+    priority: pb.PriorityClass.ValueType,
+) -> tuple[list[pb.InferResponse], list[Mapping[str, np.ndarray]]]:
+    """With the first call held and the flood's rest queued: the other agent's lone request queued after
+    them, then the call let go; every answer, the lone's first, and each call's inputs."""
+    flooding, other = clients
+    embedded, cpu = backend(gw, "embedded"), gw.pools["cpu"]
+    queued = cpu.depth
+    sent = await other.send(lone, priority=priority)
+    assert list((await other.wait_ack(sent)).accepted_ids) == [lone[0].request_id]
+    await other.ping()
+    assert (embedded.calls, cpu.depth) == (1, queued + 1)
+    assert embedded.gate is not None and embedded.inputs is not None
+    embedded.gate.set()
+    answered = await other.wait_responses([lone[0].request_id], timeout_s=20)
+    answered += await flooding.wait_responses([r.request_id for r in flood], timeout_s=20)
+    return answered, embedded.inputs
+
+
 async def test_a_realtime_request_is_batched_with_no_more_than_runs_inline(models_dir: Path) -> None:
     """A realtime request queued with 40 of a flood's interactive requests for one model: its batch takes
     the flood's only up to ``cpu.inline_max_requests`` (32, the CPU stage's work then stays in this process,
     no worker round trip each way); the rest go in the next batch (pool.py: ``_realtime_batch``)."""
-    overrides = split_backends(models_dir, concurrency=1, queue_depth=1000)
-    overrides["pools"]["cpu"] = {
-        "backend": "embedded",
-        "max_batch_size": 64,
-        "preferred_batch_sizes": [64],
-        "max_queue_delay_us": 200_000,  # the last 9 go when this is over
-    }
-    requests = fresh_requests(synthetic(105, seed=59, kind=pb.REQUEST_KIND_TEXT), budget_s=30)
-    flood, lone = requests[:104], requests[104:]
-    for request in flood + lone:
-        request.complexity_hint = 0.0  # the CPU pool
-        request.priority = pb.PRIORITY_CLASS_INTERACTIVE
-        request.text.text = "wireless earbuds"  # one size bucket: one queue
-    lone[0].text.text = "xiaomi bank"  # its own row in a batch's inputs
+    overrides = one_text_queue(models_dir, batch=64, delay_us=200_000)  # the last 9 go after 0.2 s
+    flood, lone = flood_and_lone(105, seed=59)
     lone[0].priority = pb.PRIORITY_CLASS_REALTIME
     async with (
         run_gateway(models_dir=models_dir, **overrides) as gw,
@@ -454,41 +497,23 @@ async def test_a_realtime_request_is_batched_with_no_more_than_runs_inline(model
         # The first batch, 64, is prepared in a CPU worker, then its call holds; 40 wait.
         await wait_for(lambda: embedded.calls == 1, what="the first call")
         assert cpu.depth == 40
-        sent = await other.send(lone, priority=pb.PRIORITY_CLASS_REALTIME)
-        assert list((await other.wait_ack(sent)).accepted_ids) == [lone[0].request_id]
-        await other.ping()
-        assert (embedded.calls, cpu.depth) == (1, 41)
-        embedded.gate.set()
-        answered = await other.wait_responses([lone[0].request_id], timeout_s=20)
-        answered += await flooding.wait_responses([r.request_id for r in flood], timeout_s=20)
-        calls = embedded.inputs
+        answered, calls = await lone_then_release(
+            gw, (flooding, other), flood, lone, pb.PRIORITY_CLASS_REALTIME
+        )
     assert [r.status for r in answered] == [pb.STATUS_OK] * 105
-    rows = [np.concatenate([np.asarray(v).reshape(len(v), -1) for v in c.values()], axis=1) for c in calls]
-    flood_row = rows[0][0]
-    holding = [i for i, batch in enumerate(rows) if any((row != flood_row).any() for row in batch)]
+    rows, holding = batch_rows(calls)
     assert holding == [1], holding
     assert [len(batch) for batch in rows] == [64, 32, 9]  # all 41 in one before
-    assert (rows[1][0] != flood_row).any()  # the realtime request leads its batch
+    assert (rows[1][0] != rows[0][0]).any()  # the realtime request leads its batch
 
 
 async def test_another_agents_request_goes_in_the_next_batch_not_behind_a_flood(models_dir: Path) -> None:
     """One agent's 63 interactive requests queue for a model served 8 at a time, one call at a time (the
     first call held); another agent's interactive request for it, queued after them, is in the next call,
     not the eighth and last (gateway/dispatch/lanes.py: the agents share each batch of their class)."""
-    overrides = split_backends(models_dir, concurrency=1, queue_depth=1000)
-    overrides["pools"]["cpu"] = {
-        "backend": "embedded",
-        "max_batch_size": 8,
-        "preferred_batch_sizes": [8],
-        "max_queue_delay_us": 3_600_000_000,  # a batch goes out full: a cut for no other reason
-    }
-    requests = fresh_requests(synthetic(64, seed=53, kind=pb.REQUEST_KIND_TEXT), budget_s=30)
-    flood, lone = requests[:63], requests[63:]
-    for request in flood + lone:
-        request.complexity_hint = 0.0  # the CPU pool
-        request.priority = pb.PRIORITY_CLASS_INTERACTIVE
-        request.text.text = "wireless earbuds"  # one size bucket: one queue
-    lone[0].text.text = "xiaomi bank"  # its own row in a batch's inputs
+    # A batch goes out full: a cut for no other reason.
+    overrides = one_text_queue(models_dir, batch=8, delay_us=3_600_000_000)
+    flood, lone = flood_and_lone(64, seed=53)
     async with (
         run_gateway(models_dir=models_dir, **overrides) as gw,
         WireClient(gw.endpoint("hgc"), agent_id="a1") as flooding,
@@ -499,16 +524,10 @@ async def test_another_agents_request_goes_in_the_next_batch_not_behind_a_flood(
         assert len((await flooding.wait_ack(await flooding.send(flood))).accepted_ids) == 63
         await flooding.ping()  # after the batcher's pass: the first call holds 8, 55 wait
         assert (embedded.calls, cpu.depth) == (1, 55)
-        assert list((await other.wait_ack(await other.send(lone))).accepted_ids) == [lone[0].request_id]
-        await other.ping()
-        assert (embedded.calls, cpu.depth) == (1, 56)
-        embedded.gate.set()
-        answered = await other.wait_responses([lone[0].request_id], timeout_s=20)
-        answered += await flooding.wait_responses([r.request_id for r in flood], timeout_s=20)
-        calls = embedded.inputs
+        answered, calls = await lone_then_release(
+            gw, (flooding, other), flood, lone, pb.PRIORITY_CLASS_INTERACTIVE
+        )
     assert [r.status for r in answered] == [pb.STATUS_OK] * 64
     assert len(calls) == 8 and all(len(next(iter(c.values()))) <= 8 for c in calls)
-    rows = [np.concatenate([np.asarray(v).reshape(len(v), -1) for v in c.values()], axis=1) for c in calls]
-    flood_row = rows[0][0]
-    holding = [i for i, batch in enumerate(rows) if any((row != flood_row).any() for row in batch)]
+    _, holding = batch_rows(calls)
     assert holding == [1], holding  # first come first served: [7]
