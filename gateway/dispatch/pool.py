@@ -448,8 +448,8 @@ class PoolDispatcher:
             log.exception("batch failed", pool=self.name)
             for item in items:
                 self._answer_status(item, "INTERNAL", "internal error while serving the batch")
-        first = items[0]  # a batch's realtime requests lead it (that lane is cut first)
-        if first.priority is Priority.REALTIME and (first.urgent or any(item.urgent for item in items)):
+        # A batch's realtime requests lead it (that lane is cut first); its urgent frames' agents are sent to.
+        if items[0].priority is Priority.REALTIME:
             agents = self._urgent_agents
             for item in items:
                 if item.urgent:
