@@ -35,14 +35,14 @@ def triton(triton_repository: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 @pytest.fixture(scope="session")
 def slow_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
-    """Image model only, one CPU instance, SLOW_S per execution (a stand-in for a busy GPU), a queue of 2."""
+    """Image model only, one CPU instance, SLOW_S per execution (a stand-in for a busy GPU), a queue of 3."""
     root = tmp_path_factory.mktemp("slow-triton")
     write_triton_repository(
         root,
         kind="cpu",
         runtime="python",
         models=(IMAGE_MODEL,),
-        max_queue_size=2,
+        max_queue_size=3,
         test_execute_delay_s=SLOW_S,
     )
     with TritonServer(root, (IMAGE_MODEL,), log_path=root / "tritonserver.log") as server:

@@ -51,31 +51,16 @@ def assert_some_overloaded(results: list[object]) -> None:
     )
 
 
-STEADY_S = 0.05
-"""How long a count of held calls must last to be the steady state: the gauge counts a call from its arrival
-to its hand-off to the instance, so right after two calls are sent it may read 1 for the first of them, not
-yet handed off, while the second is still on its way (then a third call can find the queue of 2 full). Both
-arrive and the first is handed off within milliseconds; a count that lasts this long is one call running
-and one queued for the rest of a SLOW_S execution."""
-
-
 async def wait_queued(server: TritonServer, condition: Callable[[int], bool]) -> None:
-    """Poll (with a deadline) until the number of image-model calls Triton's scheduler holds has met
-    ``condition`` for :data:`STEADY_S`. Full-size calls run one per execution of the one slow instance, so two
-    calls sent together leave one queued for a whole execution: then the instance is busy and calls sent
-    next queue."""
+    """Poll (with a deadline) until the number of image-model calls Triton's scheduler holds meets
+    ``condition``. Full-size calls run one per execution of the one slow instance, so two calls sent
+    together leave one queued for a whole execution: then the instance is busy and calls sent next queue.
+    The gauge counts a call from its arrival to its hand-off to the instance, so it may read 1 while the
+    first of the two is not yet handed off and the second still on its way: the queue holds 3, so a third
+    call sent then is queued all the same (with 2 it was once refused OVERLOADED)."""
     deadline = time.monotonic() + 10.0
-    since: float | None = None
-    while True:
-        held = await asyncio.to_thread(server.pending_requests, IMAGE_MODEL)
-        now = time.monotonic()
-        if not condition(held):
-            since = None
-        elif since is None:
-            since = now
-        elif now - since >= STEADY_S:
-            return
-        assert now < deadline, f"Triton holds {held} image-model calls"
+    while not condition(held := await asyncio.to_thread(server.pending_requests, IMAGE_MODEL)):
+        assert time.monotonic() < deadline, f"Triton holds {held} image-model calls"
         await asyncio.sleep(0.01)
 
 
@@ -242,7 +227,7 @@ async def test_triton_queue_policy_rejects_a_request_whose_own_timeout_passed(
 
 
 async def test_full_triton_queue_is_overloaded(slow_triton: TritonServer) -> None:
-    """More full-size calls than the instance and its queue of 2 hold: the rest are OVERLOADED, not failed."""
+    """More full-size calls than the instance and its queue of 3 hold: the rest are OVERLOADED, not failed."""
     remote = triton_backend(slow_triton.grpc_url)
     await remote.start()
     try:
