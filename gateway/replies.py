@@ -156,6 +156,12 @@ class ReplyRouter:
         if self._ack_timer is None:
             self._ack_timer = asyncio.get_running_loop().call_later(delay_s, self._ack_hold_over)
 
+    def _disarm_ack_timer(self) -> None:
+        """Every held Ack went with its answers: nothing left for the hold timer to send."""
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
+
     def _ack_hold_over(self) -> None:
         self._ack_timer = None
         self.flush()
@@ -203,9 +209,7 @@ class ReplyRouter:
             if rest:
                 now[key] = rest
         if not acks:
-            if self._ack_timer is not None:  # every held Ack went with its answers (as in _flush_acks)
-                self._ack_timer.cancel()
-                self._ack_timer = None
+            self._disarm_ack_timer()
             if not outbox and self._flush_handle is not None:  # nothing left for the tick's flush
                 self._flush_handle.cancel()
                 self._flush_handle = None
@@ -251,9 +255,8 @@ class ReplyRouter:
         self._acks = waiting
         if waiting:
             self._arm_ack_timer(max(0.0, min(p[0].due for p in waiting.values()) - now))
-        elif self._ack_timer is not None:  # every Ack went with its answers: nothing left to wait for
-            self._ack_timer.cancel()
-            self._ack_timer = None
+        else:
+            self._disarm_ack_timer()
 
     def _send_acks(
         self, agent_id: str, carrier: str, pending: list[_PendingAck], responses: list[bytes]
