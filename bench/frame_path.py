@@ -543,11 +543,18 @@ def turns(trees: Sequence[Tree], repeat: int) -> list[Tree]:
     return list(trees) if repeat % 2 == 0 else list(reversed(trees))
 
 
-def start_tree(tree: Tree, work: Path, extra_toml: str = "", backend_options: str = "") -> Peer:
+def start_tree(
+    tree: Tree, work: Path, extra_toml: str = "", backend_options: str = "", max_queue_depth: int = 4096
+) -> Peer:
     work.mkdir(parents=True, exist_ok=True)
     try:
         peer = start_gateway(
-            work, "null", tree=tree.root, extra_toml=extra_toml, backend_options=backend_options
+            work,
+            "null",
+            tree=tree.root,
+            extra_toml=extra_toml,
+            backend_options=backend_options,
+            max_queue_depth=max_queue_depth,
         )
     except RuntimeError as exc:
         raise RuntimeError(f"the {tree.label} tree's gateway ({tree.root}) did not start: {exc}") from exc

@@ -435,9 +435,10 @@ def pool_toml(
     max_batch_size: int = 128,
     preferred: tuple[int, ...] = (32, 64, 128),
     max_queue_delay_us: int = 1000,
+    max_queue_depth: int = 4096,
 ) -> str:
     """One bench pool on the ``embedded`` backend: its dispatch section and its routing entry (8 batches
-    in flight, queues deep enough for 8 frames of 100)."""
+    in flight, queues deep enough for 8 frames of 100 unless ``max_queue_depth`` says less)."""
     names = ", ".join(f'"{m}"' for m in models)
     sizes = ", ".join(str(p) for p in preferred)
     return f"""
@@ -452,13 +453,19 @@ tier = "{tier}"
 models = [{names}]
 priorities = {priorities}
 concurrency = 8
-max_queue_depth = 4096
+max_queue_depth = {max_queue_depth}
 """
 
 
-def pools_toml() -> str:
+def pools_toml(max_queue_depth: int = 4096) -> str:
     parts = [
-        pool_toml(name, tier, ["rank-mlp", "text-encoder", "image-classifier"], priorities=priorities)
+        pool_toml(
+            name,
+            tier,
+            ["rank-mlp", "text-encoder", "image-classifier"],
+            priorities=priorities,
+            max_queue_depth=max_queue_depth,
+        )
         for name, tier, priorities in POOLS
     ]
     parts.append("""
@@ -479,10 +486,11 @@ def start_gateway(
     tree: Path | None = None,
     extra_toml: str = "",
     backend_options: str = "",
+    max_queue_depth: int = 4096,
 ) -> Peer:
     """A gateway on this config (``extra_toml`` appended: more pools or models; ``backend_options``: TOML
-    lines of the backend's section); ``tree``: run the code of that checkout (cwd and PYTHONPATH set to
-    it, e.g. the code before a change) instead of this one's."""
+    lines of the backend's section; ``max_queue_depth``: each pool's); ``tree``: run the code of that
+    checkout (cwd and PYTHONPATH set to it, e.g. the code before a change) instead of this one's."""
     models = workdir / "models"
     if not models.exists():
         from inference.models.demo import write_demo_repository
@@ -491,7 +499,10 @@ def start_gateway(
     config = workdir / f"gateway-{backend}.toml"
     config.write_text(
         GATEWAY_TOML.format(
-            backend=backend, models=models, backend_options=backend_options, pools=pools_toml()
+            backend=backend,
+            models=models,
+            backend_options=backend_options,
+            pools=pools_toml(max_queue_depth),
         )
         + extra_toml
     )

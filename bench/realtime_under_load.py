@@ -33,6 +33,12 @@ gateway's CPU, bounds the load and the pools' queues fill: how long one agent's 
 queue behind another agent's (first come first served before 2026-12-06's lanes; each batch shared by the
 agents after). Both trees must know the options (the null backend has them since 2026-12-06).
 
+``--queue-depth`` bounds each pool's queue (4096 by default): with a simulated device and one agent's
+flood, the pools fill, and this shows what another agent's requests get then (refused OVERLOADED first
+come first served; since 2026-12-06 (night) queued up to that agent's fair share, the flood's newest
+pushed out: gateway/dispatch/admission.py). The load counts OK answers only; its refusals and the answers
+OVERLOADED it got for requests pushed out are columns of their own.
+
 Loopback only (re-run inside ``unshare --net`` as root); every loop is bounded in count and time.
 ``--write`` puts the table into docs/BENCHMARKS.md (section ``realtime-under-load``, or
 ``interactive-beside-a-flood`` with ``--lone interactive``, ``beside-a-flood-slow-backend`` with a simulated
@@ -56,7 +62,7 @@ from typing import Final
 import numpy as np
 import zmq
 
-from bench.frame_path import Tree, copies, lone_run, mixed_requests, settle, spread, start_tree, turns
+from bench.frame_path import Lone, Tree, copies, lone_run, mixed_requests, settle, spread, start_tree, turns
 from bench.gateway_bench import Peer
 from bench.ingest_bench import prebuild
 from bench.netns import REPO, reexec_in_namespace
@@ -66,6 +72,7 @@ from edgewire import FrameCodec, pb
 WINDOW: Final = 8  # the load's frames in flight (--load-window)
 LONE: Final = {"realtime": pb.PRIORITY_CLASS_REALTIME, "interactive": pb.PRIORITY_CLASS_INTERACTIVE}
 LOAD_RATE_MAX: Final = 40_000  # records/s the load's frames are built for (it stops when they run out)
+QUEUE_DEPTH: Final = 4096  # each pool's max_queue_depth unless --queue-depth (bench/gateway_bench.py's)
 LEAD_S: Final = 1.0  # the load runs this long before the realtime phase starts
 
 
@@ -78,7 +85,10 @@ class Phase:
     queue_ms: list[float] = field(default_factory=list)  # of the gateway's part, the wait in a pool's queue
     answered: int = 0
     lost: int = 0
-    load_records: int = 0
+    refused: int = 0
+    load_records: int = 0  # answered OK
+    load_refused: int = 0  # nacked
+    load_pushed: int = 0  # answered OVERLOADED once accepted (pushed out of a full queue)
     load_seconds: float = 0.0
 
 
@@ -98,11 +108,11 @@ def load_agent(
     load: Load,
     ready: Event,
     go: Event,
-    out: multiprocessing.Queue[tuple[int, float]],
+    out: multiprocessing.Queue[tuple[int, int, int, float]],
 ) -> None:
     """A process: build ``frames`` frames of 100 (fresh ids, from ``load.agents`` agent ids in turn), say
     ready, then on ``go`` keep ``load.window`` of them in flight for ``seconds`` at most (or until they run
-    out); put (records answered, seconds)."""
+    out); put (requests answered OK, refused, answered OVERLOADED, seconds)."""
     os.nice(load.nice)
     requests = copies(mixed_requests(2, 40))
     for request in requests:  # a loading agent's traffic: interactive and batch, none realtime
@@ -117,7 +127,7 @@ def load_agent(
     codec = FrameCodec()
     ready.set()
     go.wait(60)
-    answered = sent = in_flight = 0
+    answered = refused = pushed = sent = in_flight = 0
     start = time.monotonic()
     end = start + seconds
     try:
@@ -130,10 +140,17 @@ def load_agent(
                 break
             payload = codec.decode(sock.recv_multipart()).payload
             if isinstance(payload, pb.ResponseBatch):
-                answered += len(payload.responses)
+                for response in payload.responses:
+                    if response.status == pb.STATUS_OK:
+                        answered += 1
+                    elif response.status == pb.STATUS_OVERLOADED:
+                        pushed += 1
                 in_flight -= len(payload.responses)
+            elif isinstance(payload, pb.Ack):
+                refused += len(payload.nacks)
+                in_flight -= len(payload.nacks)
     finally:
-        out.put((answered, time.monotonic() - start))
+        out.put((answered, refused, pushed, time.monotonic() - start))
         sock.close(0)
         ctx.term()
 
@@ -161,24 +178,25 @@ def loaded_run(
         go.set()
         time.sleep(LEAD_S)
         run = lone_run(peer, [], requests, rate, seconds, lone)
-        records, took = out.get(timeout=seconds + 60)
+        records, refused, pushed, took = out.get(timeout=seconds + 60)
     finally:
         process.join(30)
         if process.is_alive():
             process.kill()
-    add(phase, run.latencies_ms, run.gateway_ms, run.queue_ms, run.answered, run.lost)
+    add(phase, run)
     phase.load_records += records
+    phase.load_refused += refused
+    phase.load_pushed += pushed
     phase.load_seconds += took
 
 
-def add(
-    phase: Phase, latencies: list[float], gateway: list[float], queue: list[float], answered: int, lost: int
-) -> None:
-    phase.latencies_ms += latencies
-    phase.gateway_ms += gateway
-    phase.queue_ms += queue
-    phase.answered += answered
-    phase.lost += lost
+def add(phase: Phase, run: Lone) -> None:
+    phase.latencies_ms += run.latencies_ms
+    phase.gateway_ms += run.gateway_ms
+    phase.queue_ms += run.queue_ms
+    phase.answered += run.answered
+    phase.lost += run.lost
+    phase.refused += run.refused
 
 
 def measure(
@@ -189,25 +207,24 @@ def measure(
     load: Load,
     lone: pb.PriorityClass.ValueType = pb.PRIORITY_CLASS_REALTIME,
     backend_options: str = "",
+    max_queue_depth: int = 4096,
 ) -> dict[str, dict[str, Phase]]:
-    """Both trees, in turns per repeat (``backend_options``: TOML lines for the null backend's section)."""
+    """Both trees, in turns per repeat (``backend_options``: TOML lines for the null backend's section;
+    ``max_queue_depth``: each pool's)."""
     results = {t.label: {"alone": Phase(), "loaded": Phase()} for t in trees}
     requests = copies(mixed_requests(1, 4))
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(repeats):
             for tree in turns(trees, repeat):
-                peer = start_tree(tree, Path(tmp) / f"{tree.label}-{repeat}", backend_options=backend_options)
+                peer = start_tree(
+                    tree,
+                    Path(tmp) / f"{tree.label}-{repeat}",
+                    backend_options=backend_options,
+                    max_queue_depth=max_queue_depth,
+                )
                 try:
                     lone_run(peer, [], requests, rate, 1.0, lone)  # warm-up
-                    alone = lone_run(peer, [], requests, rate, seconds, lone)
-                    add(
-                        results[tree.label]["alone"],
-                        alone.latencies_ms,
-                        alone.gateway_ms,
-                        alone.queue_ms,
-                        alone.answered,
-                        alone.lost,
-                    )
+                    add(results[tree.label]["alone"], lone_run(peer, [], requests, rate, seconds, lone))
                     loaded_run(peer, requests, rate, seconds, load, lone, results[tree.label]["loaded"])
                     settle(peer)
                 finally:
@@ -230,11 +247,12 @@ def render(results: dict[str, dict[str, Phase]], trees: list[Tree], args: argpar
         for name in ("alone", "loaded"):
             p = results[tree.label][name]
             load = f"{p.load_records / p.load_seconds:,.0f}" if p.load_seconds else "-"
+            shed = f"{p.load_refused:,} / {p.load_pushed:,}" if p.load_seconds else "-"
             rows.append(
                 [
                     tree.label,
                     "alone" if name == "alone" else "beside the batched load",
-                    f"{p.answered:,} / {p.lost}",
+                    f"{p.answered:,} / {p.refused:,} / {p.lost}",
                     f"{pct(p.latencies_ms, 50):.2f}",
                     f"{pct(p.latencies_ms, 90):.2f}",
                     f"{pct(p.latencies_ms, 99):.2f}",
@@ -242,12 +260,15 @@ def render(results: dict[str, dict[str, Phase]], trees: list[Tree], args: argpar
                     f"{pct(p.gateway_ms, 50):.2f} / {pct(p.gateway_ms, 99):.2f}",
                     f"{pct(p.queue_ms, 50):.2f} / {pct(p.queue_ms, 99):.2f}",
                     load,
+                    shed,
                 ]
             )
     realtime = args.lone == "realtime"
     options = "" if realtime else f" --lone {args.lone}"
     if args.load_window != WINDOW or args.load_agents != Load.agents:
         options += f" --load-window {args.load_window} --load-agents {args.load_agents}"
+    if args.queue_depth != QUEUE_DEPTH:
+        options += f" --queue-depth {args.queue_depth}"
     simulated = args.simulated_call_ms > 0 or args.simulated_row_us > 0
     device = ""
     if simulated:
@@ -260,7 +281,13 @@ def render(results: dict[str, dict[str, Phase]], trees: list[Tree], args: argpar
             "a GPU cannot run here), so the backend bounds the load and the pools' queues fill."
         )
     agents = "1 other agent" if args.load_agents == 1 else f"{args.load_agents} other agents"
-    if simulated:
+    if args.queue_depth != QUEUE_DEPTH:
+        title = "## One agent's requests beside another's flood that fills the pools (fair admission)"
+        device += (
+            f" Each pool's queue holds {args.queue_depth} requests, so the flood fills every pool that "
+            "could take the lone requests."
+        )
+    elif simulated:
         title = "## One agent's requests beside another's flood, the backend the bound (issue 24: pool lanes)"
     elif realtime:
         title = "## Realtime requests beside a batched load (issue 24 item 2)"
@@ -285,14 +312,15 @@ def render(results: dict[str, dict[str, Phase]], trees: list[Tree], args: argpar
                 [
                     "tree",
                     f"{args.lone} requests",
-                    "answered / lost",
+                    "answered / refused / lost",
                     "p50 ms",
                     "p90 ms",
                     "p99 ms",
                     "max ms",
                     "gateway's part p50 / p99 ms",
                     "of it in a pool's queue p50 / p99 ms",
-                    "load records/s",
+                    "load records/s (OK)",
+                    "load refused / pushed out",
                 ],
                 rows,
             ),
@@ -313,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load-agents", type=int, default=Load.agents, help="the load's agent ids")
     parser.add_argument("--simulated-call-ms", type=float, default=0.0, help="the null backend's call time")
     parser.add_argument("--simulated-row-us", type=float, default=0.0, help="... and its time per row")
+    parser.add_argument("--queue-depth", type=int, default=QUEUE_DEPTH, help="each pool's max_queue_depth")
     parser.add_argument("--write", action="store_true", help="update docs/BENCHMARKS.md")
     parser.add_argument("--dump", type=Path, help="write every latency (ms) per tree and phase as JSON")
     args = parser.parse_args(argv)
@@ -325,7 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     simulated = args.simulated_call_ms > 0 or args.simulated_row_us > 0
     call_s, row_s = args.simulated_call_ms / 1e3, args.simulated_row_us / 1e6
     backend_options = f"simulated_call_s = {call_s!r}\nsimulated_row_s = {row_s!r}" if simulated else ""
-    results = measure(trees, args.rate, args.seconds, args.repeats, load, LONE[args.lone], backend_options)
+    results = measure(
+        trees, args.rate, args.seconds, args.repeats, load, LONE[args.lone], backend_options, args.queue_depth
+    )
     report = render(results, trees, args)
     print(report)
     if args.dump is not None:
@@ -345,7 +376,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     if args.write:
-        if simulated:
+        if args.queue_depth != QUEUE_DEPTH:
+            section = "beside-a-flood-full-queues"
+        elif simulated:
             section = "beside-a-flood-slow-backend"
         elif args.lone == "realtime":
             section = "realtime-under-load"

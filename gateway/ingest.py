@@ -27,7 +27,7 @@ from gateway.dispatch.pool import PoolDispatcher
 from gateway.dispatch.work import WorkItem
 from gateway.frames.answers import TIER_WIRE, ResponseHeads
 from gateway.frames.groups import Screened
-from gateway.frames.route import route_frame
+from gateway.frames.route import Routed, route_frame
 from gateway.frames.wire import request_spans
 from gateway.ingress.auth import AgentAuthenticator, AgentDirectory
 from gateway.ingress.backlog import Backlog
@@ -104,19 +104,24 @@ class _Frame:
 class _LiveSignals(Mapping[str, PoolSignals]):
     """Every pool's signals at one moment, each read when routing first asks for it: a lone request's
     decision reads only the pools its plan names. Routing is done before anything is queued, so a pool
-    read later in the frame's routing reads what it would have read first."""
+    read later in the frame's routing reads what it would have read first. With ``agent``: as that agent's
+    requests may have them, a full queue taking them up to its fair share (PoolDispatcher.signals_for)."""
 
-    __slots__ = ("_now", "_pools", "_read")
+    __slots__ = ("_agent", "_now", "_pools", "_read")
 
-    def __init__(self, pools: Mapping[str, PoolDispatcher], now: float) -> None:
+    def __init__(self, pools: Mapping[str, PoolDispatcher], now: float, agent: str | None = None) -> None:
         self._pools = pools
         self._now = now
+        self._agent = agent
         self._read: dict[str, PoolSignals] = {}
 
     def __getitem__(self, name: str) -> PoolSignals:
         found = self._read.get(name)
         if found is None:
-            found = self._read[name] = self._pools[name].signals(self._now)
+            pool = self._pools[name]
+            agent = self._agent
+            found = pool.signals(self._now) if agent is None else pool.signals_for(agent, self._now)
+            self._read[name] = found
         return found
 
     def __iter__(self) -> Iterator[str]:
@@ -465,9 +470,39 @@ class Ingest:
         self, frame: _Frame, screened: Screened, now: float, ack: pb.Ack, spans: list[memoryview] | None
     ) -> None:
         """Route the screened requests per group (gateway/frames/route.py) and queue each group as one
-        slice of its pool's queue; nack what routing or a full queue refuses."""
-        signals = _LiveSignals(self._pools, now)
-        for decision, members in route_frame(self._policy.policy, screened, frame.region, signals):
+        slice of its pool's queue; nack what routing or a full queue refuses. Requests refused only because
+        every pool that could serve them is full are routed once more as the agent's fair share of full
+        queues sees the pools: another agent's flood that fills a queue does not refuse this agent's
+        requests, it gives up its newest ones to them (gateway/dispatch/admission.py)."""
+        policy = self._policy.policy
+        routed = route_frame(policy, screened, frame.region, _LiveSignals(self._pools, now))
+        full = self._queue_routed(frame, screened, routed, now, ack, spans, last=False)
+        if full:
+            again = screened.subset(full)
+            signals = _LiveSignals(self._pools, now, frame.agent_id)
+            routed = route_frame(policy, again, frame.region, signals)
+            spans = None if spans is None else [spans[i] for i in full]
+            self._queue_routed(frame, again, routed, now, ack, spans, last=True)
+
+    def _queue_routed(
+        self,
+        frame: _Frame,
+        screened: Screened,
+        routed: Routed,
+        now: float,
+        ack: pb.Ack,
+        spans: list[memoryview] | None,
+        *,
+        last: bool,
+    ) -> list[int]:
+        """Queue (or nack) each routed group; unless ``last``, the requests refused because every pool was
+        full are left for :meth:`_route` to try again (their indices, in frame order) where some full pool
+        would take this agent's requests past its flood."""
+        full: list[int] = []
+        for decision, members in routed:
+            if not last and decision.reason is Reason.REJECT_OVERLOADED and self._shares_full(frame.agent_id):
+                full.extend(members)
+                continue
             self._decisions_made[(decision.tier, decision.pool, decision.reason)] += len(members)
             if decision.rejected or decision.pool is None:
                 nack = _REJECT_NACKS.get(decision.reason, pb.NACK_REASON_OVERLOADED)
@@ -487,6 +522,11 @@ class Ingest:
                     pb.NACK_REASON_OVERLOADED,
                     f"pool {decision.pool} queue full",
                 )
+        return sorted(full)
+
+    def _shares_full(self, agent: str) -> bool:
+        """Whether some full pool queue would take ``agent``'s requests by pushing out another agent's."""
+        return any(pool.pushes_out_for(agent) for pool in self._pools.values())
 
     def _items(
         self,

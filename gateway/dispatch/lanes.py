@@ -9,7 +9,9 @@ agent with thousands of requests queued delays another's by about one batch, not
 come first served, one agent's flood of frames of 100 held another's lone interactive requests behind
 every request it had queued for that model (bench/realtime_under_load.py --lone interactive). The
 agents served go to the back of the lane's order, so when a batch has less room than the lane has agents,
-the next batch begins with the ones left out. Pure: no clock, no I/O.
+the next batch begins with the ones left out. A lane also counts each agent's requests in a dict shared by
+the pool's queues (``held``: gateway/dispatch/admission.py shares a full queue by it), and gives up an
+agent's newest requests when the pool pushes them out for another agent's. Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ from gateway.dispatch.work import WorkItem
 class Lane:
     """One priority class's requests in one model's queue, by agent (see the module's docstring)."""
 
-    __slots__ = ("_by_agent", "count", "urgent")
+    __slots__ = ("_by_agent", "_held", "count", "urgent")
 
-    def __init__(self) -> None:
+    def __init__(self, held: dict[str, int] | None = None) -> None:
         # Each agent's slices, oldest first; the dict's order is the agents' turn order.
         self._by_agent: dict[str, deque[list[WorkItem]]] = {}
+        self._held = {} if held is None else held  # requests queued per agent, over the pool's lanes
         self.count = 0
         self.urgent = 0  # of them, urgent frames' (WorkItem.urgent; a slice is one frame's: all or none)
 
@@ -50,9 +53,12 @@ class Lane:
             self._by_agent[agent] = deque((items,))
         else:
             slices.append(items)
-        self.count += len(items)
+        n = len(items)
+        self.count += n
+        held = self._held
+        held[agent] = held.get(agent, 0) + n
         if items[0].urgent:
-            self.urgent += len(items)
+            self.urgent += n
 
     def head(self) -> WorkItem | None:
         """The request queued first of those at the front of each agent's line (None: the lane is empty)."""
@@ -102,9 +108,47 @@ class Lane:
                 urgent += moved
         if slices:
             self._by_agent[agent] = slices
-        self.count -= taken
-        self.urgent -= urgent
+        self._moved(agent, taken, urgent)
         return taken
+
+    def newest(self, agent: str) -> float | None:
+        """When ``agent``'s newest slice in the lane was queued (None: it has none here)."""
+        slices = self._by_agent.get(agent)
+        return None if slices is None else slices[-1][0].enqueued
+
+    def drop_newest(self, agent: str, n: int) -> list[WorkItem]:
+        """Remove up to ``n`` of ``agent``'s newest requests (splitting a slice if need be), keeping its
+        place in the turn order while any are left; the removed ones, in the order they were queued."""
+        slices = self._by_agent.get(agent)
+        dropped: list[list[WorkItem]] = []
+        removed = urgent = 0
+        while slices and removed < n:
+            last = slices[-1]
+            room = n - removed
+            if len(last) <= room:
+                part = slices.pop()
+            else:
+                part = last[len(last) - room :]
+                slices[-1] = last[: len(last) - room]
+            dropped.append(part)
+            removed += len(part)
+            if part[0].urgent:
+                urgent += len(part)
+        if slices is not None and not slices:
+            del self._by_agent[agent]
+        self._moved(agent, removed, urgent)
+        return [item for part in reversed(dropped) for item in part]
+
+    def _moved(self, agent: str, n: int, urgent: int) -> None:
+        """``n`` of ``agent``'s requests (``urgent`` of them urgent) left the lane."""
+        self.count -= n
+        self.urgent -= urgent
+        held = self._held
+        left = held.get(agent, 0) - n
+        if left > 0:
+            held[agent] = left
+        else:
+            held.pop(agent, None)
 
 
 class ModelQueue:
@@ -113,8 +157,9 @@ class ModelQueue:
 
     __slots__ = ("lanes",)
 
-    def __init__(self) -> None:
-        self.lanes: tuple[Lane, Lane, Lane] = (Lane(), Lane(), Lane())
+    def __init__(self, held: dict[str, int] | None = None) -> None:
+        held = {} if held is None else held
+        self.lanes: tuple[Lane, Lane, Lane] = (Lane(held), Lane(held), Lane(held))
 
     def __len__(self) -> int:
         lanes = self.lanes

@@ -7,7 +7,9 @@ preferred sizes (the largest that fits) or ``max_batch_size``; otherwise the old
 ``realtime_queue_delay_us`` instead (0 by default: a realtime request goes out with whatever is queued
 with it, never waiting for company). Realtime requests are taken before interactive, interactive before
 batch; within a class the agents with requests queued share each batch (gateway/dispatch/lanes.py). The
-queue is bounded: :meth:`PoolDispatcher.submit` refuses instead of growing.
+queue is bounded: :meth:`PoolDispatcher.submit` refuses instead of growing, except that a full queue takes
+an agent's requests up to its fair share by pushing out the newest of agents over theirs
+(gateway/dispatch/admission.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from prometheus_client import Gauge
 
 from edgewire import labels, pb
 from gateway.config import PoolDispatch
+from gateway.dispatch import admission
 from gateway.dispatch.breaker import BreakerState, CircuitBreaker
 from gateway.dispatch.cpu import CpuStage, CpuTaskFailed
 from gateway.dispatch.eager import start_eagerly
@@ -146,6 +149,7 @@ class PoolDispatcher:
         # One queue per (model, version, size group); the size group is 0 unless padding makes it matter.
         self._queues: dict[tuple[str, str, int], ModelQueue] = {}
         self._depth = 0
+        self._held: dict[str, int] = {}  # requests queued per agent (the lanes keep it)
         self._inflight: set[asyncio.Task[None]] = set()
         # The batcher is a callback, not a task: a submit schedules one pass for the end of the current
         # loop tick (so a whole frame is queued before batches are cut), a finished batch another, and a
@@ -210,6 +214,26 @@ class PoolDispatcher:
             )
         return last
 
+    def pushes_out_for(self, agent: str) -> bool:
+        """Whether the queue takes more of ``agent``'s requests than it has free room for, pushing other
+        agents' out (:meth:`submit_many`)."""
+        capacity, depth = self.max_queue_depth, self._depth
+        return 2 * depth > capacity and admission.room(self._held, agent, depth, capacity) > capacity - depth
+
+    def signals_for(self, agent: str, now: float) -> PoolSignals:
+        """:meth:`signals` as routing sees them for ``agent``'s requests: a full queue that would push other
+        agents' requests out for its own (:meth:`submit_many`) is as deep as leaves room for them."""
+        signals = self.signals(now)
+        if not self.pushes_out_for(agent):
+            return signals
+        take = admission.room(self._held, agent, self._depth, self.max_queue_depth)
+        return PoolSignals(
+            queue_depth=self.max_queue_depth - take,
+            ewma_latency_s=signals.ewma_latency_s,
+            healthy=signals.healthy,
+            concurrency=signals.concurrency,
+        )
+
     def signals_after_submit(self, before: PoolSignals) -> PoolSignals:
         """``before`` with the queue depth as it is now: health and latency do not change within a frame."""
         return PoolSignals(
@@ -228,10 +252,15 @@ class PoolDispatcher:
 
     def submit_many(self, items: list[WorkItem], now: float) -> bool:
         """Queue a slice of a frame: requests of one frame with one model, version and priority, in frame
-        order; all or none (False: the queue has no room for all of them, or the pool is stopping)."""
-        if self._depth + len(items) > self.max_queue_depth or self._stopped:
+        order; all or none (False: the queue has no room for all of them, or the pool is stopping). A full
+        queue takes them up to their agent's fair share, pushing other agents' newest requests out
+        (:meth:`_push_out`)."""
+        if self._stopped:
             return False
         first = items[0]
+        over = self._depth + len(items) - self.max_queue_depth
+        if over > 0 and not self._push_out(first.agent_id, len(items), over):
+            return False
         lane = PRIORITY_ORDER[first.priority]
         model, version = first.model, first.version
         padded = self._pads(first)
@@ -252,8 +281,44 @@ class PoolDispatcher:
     def _queue_of(self, key: tuple[str, str, int]) -> ModelQueue:
         queue = self._queues.get(key)
         if queue is None:
-            queue = self._queues[key] = ModelQueue()
+            queue = self._queues[key] = ModelQueue(self._held)
         return queue
+
+    def _push_out(self, agent: str, n: int, need: int) -> bool:
+        """Make room for ``n`` of ``agent``'s requests, ``need`` more than the queue has free, by answering
+        OVERLOADED the newest requests of the agents over their fair share (gateway/dispatch/admission.py):
+        batch lanes first, then interactive, then realtime, each lane's newest first. False, and nothing
+        done, when the agent's share does not stretch that far."""
+        capacity = self.max_queue_depth
+        if admission.room(self._held, agent, self._depth, capacity) < n:
+            return False
+        shed = self._metrics.child(self._metrics.shed, self.name, "pushed_out")
+        for victim, count in admission.push_out(self._held, agent, need, capacity):
+            dropped = self._drop_newest(victim, count)
+            shed.inc(len(dropped))
+            message = (
+                f"pool {self.name}'s queue is full and this agent held more than its share of it: "
+                "pushed out for another agent's requests; resend"
+            )
+            for item in dropped:
+                self._answer_status(item, "OVERLOADED", message)
+        return True
+
+    def _drop_newest(self, agent: str, n: int) -> list[WorkItem]:
+        """Remove ``n`` of ``agent``'s queued requests: its least urgent lane first; within a lane, the
+        queue with its newest slice first, newest first."""
+        dropped: list[WorkItem] = []
+        for lane in (2, 1, 0):
+            holding = [q for q in self._queues.values() if q.lanes[lane].newest(agent) is not None]
+            holding.sort(key=lambda q: q.lanes[lane].newest(agent) or 0.0, reverse=True)
+            for queue in holding:
+                if len(dropped) >= n:
+                    break
+                dropped.extend(queue.lanes[lane].drop_newest(agent, n - len(dropped)))
+        self._depth -= len(dropped)
+        for key in [key for key, queue in self._queues.items() if not queue]:
+            del self._queues[key]
+        return dropped
 
     def _pads(self, item: WorkItem) -> bool:
         """Whether the item's model queues per length bucket: a model whose pipeline pads (text).
@@ -276,6 +341,7 @@ class PoolDispatcher:
         items = [item for queue in self._queues.values() for item in queue.take(len(queue))]
         self._queues.clear()
         self._depth = 0
+        self._held.clear()
         return items
 
     # ------------------------------------------------------------------ lifecycle

@@ -67,6 +67,15 @@ class Screened:
         self.remaining.append(remaining)
         self.sizes.append(sizes_of(request))
 
+    def subset(self, indices: list[int]) -> Screened:
+        """The requests at ``indices`` (in that order) as a frame's screened requests of their own."""
+        out = Screened()
+        out.requests = [self.requests[i] for i in indices]
+        out.priorities = [self.priorities[i] for i in indices]
+        out.remaining = [self.remaining[i] for i in indices]
+        out.sizes = [self.sizes[i] for i in indices]
+        return out
+
     def profile(self, index: int, region: str) -> RequestProfile:
         """Member ``index``'s routing profile, as :func:`inference.profile.profile_of` builds it."""
         return profile_from(

@@ -128,3 +128,25 @@ def test_a_lane_counts_the_requests_of_urgent_frames_it_holds() -> None:
     assert (lane.count, lane.urgent) == (39, 1)
     taken(lane, 39)
     assert (lane.count, lane.urgent) == (0, 0)
+
+
+def test_an_agents_newest_requests_are_dropped_from_the_tail_and_the_counts_follow() -> None:
+    """drop_newest takes an agent's newest slice, then splits the one before; the lane's counts, its urgent
+    count and the agents' counts shared with the pool follow, and the agent keeps its turn while it has
+    requests left."""
+    held: dict[str, int] = {}
+    lane = Lane(held)
+    lane.add(frame("a", 5, 0.0, tag="f0"))
+    lane.add(frame("b", 3, 1.0))
+    late = frame("a", 4, 2.0, tag="f1")
+    for item in late:
+        item.urgent = True
+    lane.add(late)
+    assert (held, lane.urgent, lane.newest("a"), lane.newest("c")) == ({"a": 9, "b": 3}, 4, 2.0, None)
+    dropped = lane.drop_newest("a", 6)
+    assert ids(dropped) == ["af0-3", "af0-4"] + [f"af1-{i}" for i in range(4)]  # in the order queued
+    assert (len(lane), lane.urgent, held) == (6, 0, {"a": 3, "b": 3})
+    assert ids(taken(lane, 4)) == ["af0-0", "af0-1", "b-0", "b-1"]  # a kept its turn
+    assert held == {"a": 1, "b": 1}
+    assert ids(lane.drop_newest("a", 5)) == ["af0-2"]  # all it has left
+    assert (held, lane.agents, len(lane)) == ({"b": 1}, 1, 1)

@@ -531,3 +531,48 @@ async def test_another_agents_request_goes_in_the_next_batch_not_behind_a_flood(
     assert len(calls) == 8 and all(len(next(iter(c.values()))) <= 8 for c in calls)
     _, holding = batch_rows(calls)
     assert holding == [1], holding  # first come first served: [7]
+
+
+async def test_a_full_queue_takes_another_agents_requests_by_pushing_out_the_floods_newest(
+    models_dir: Path,
+) -> None:
+    """One agent's requests fill the CPU pool's queue (16) while its first batch's call holds, and no other
+    pool can take text (the GPU backend is down); another agent's 4 are queued there all the same, up to
+    its fair share (8 of 16), and the flood's newest 4 are answered OVERLOADED with a retry-after
+    (gateway/dispatch/admission.py). First come first served, the other agent's were refused OVERLOADED.
+    The flood's own further requests still find the queue full."""
+    overrides = one_text_queue(models_dir, batch=8, delay_us=3_600_000_000)
+    for pool in overrides["routing"]["pools"]:
+        pool["max_queue_depth"] = 16
+    flood, lone = flood_and_lone(29, seed=61)
+    others = fresh_requests(lone * 4, budget_s=30)
+    async with (
+        run_gateway(models_dir=models_dir, **overrides) as gw,
+        WireClient(gw.endpoint("hgc"), agent_id="a1") as flooding,
+        WireClient(gw.endpoint("pccw"), agent_id="a2") as other,
+    ):
+        embedded, cpu = backend(gw, "embedded"), gw.pools["cpu"]
+        embedded.gate = asyncio.Event()
+        backend(gw, "gpu").healthy = False
+        assert len((await flooding.wait_ack(await flooding.send(flood[:8]))).accepted_ids) == 8
+        await wait_for(lambda: embedded.calls == 1, what="the first call")
+        assert len((await flooding.wait_ack(await flooding.send(flood[8:24]))).accepted_ids) == 16
+        assert cpu.depth == 16
+        ack = await other.wait_ack(await other.send(others))
+        assert sorted(ack.accepted_ids) == sorted(r.request_id for r in others)
+        assert cpu.depth == 16
+        pushed = [r.request_id for r in flood[20:24]]  # the flood's newest
+        answers = await flooding.wait_responses(pushed, timeout_s=10)
+        # Over its share the flood's next requests find the pool full: refused, nothing pushed out.
+        more = await flooding.wait_ack(await flooding.send(flood[24:28]))
+        assert cpu.depth == 16
+        assert [n.reason for n in more.nacks] == [pb.NACK_REASON_OVERLOADED] * 4
+        embedded.gate.set()
+        served = await other.wait_responses([r.request_id for r in others], timeout_s=20)
+        served += await flooding.wait_responses([r.request_id for r in flood[:20]], timeout_s=20)
+    assert all(a.status == pb.STATUS_OVERLOADED and a.retry_after_ms > 0 for a in answers)
+    assert all("pushed out for another agent's requests" in a.error_message for a in answers)
+    assert [r.status for r in served] == [pb.STATUS_OK] * 24
+    assert {r.pool for r in served[:4]} == {"cpu"}  # queued where they were routed, not spilled
+    assert sample(gw, "hkgw_shed_total", pool="cpu", reason="pushed_out") == 4
+    assert not more.accepted_ids

@@ -1,0 +1,64 @@
+"""Who gets a pool's queue when it is full: every agent up to its fair share, taken from agents over theirs.
+
+A pool's queue is bounded (``max_queue_depth``). First come first served, the agent that fills every pool
+able to serve a model holds all of them, and every other agent's requests for that model are refused
+OVERLOADED until its flood drains, though the lanes (gateway/dispatch/lanes.py) would serve them in the
+next batch. Here such requests (Ingest._route routes them once more, as only they would be refused) are
+admitted past a full queue up to their agent's fair share (the queue's bound over the agents holding
+requests in it, itself included), by pushing out the newest requests of the agents holding the most, none
+below its own share ("longest queue drop", as switch buffers share memory between ports). Those are
+answered OVERLOADED with the gateway's retry-after: the agent resends them later and its send window
+halves (edge_agent/uplink/pacing.py), so a flooding agent settles at its share. An agent alone, or at or
+over its share, is admitted only into free room, as before.
+
+Pure: the agents' queued counts in, numbers out; the pool applies them (gateway/dispatch/pool.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+def fair_share(held: Mapping[str, int], agent: str, capacity: int) -> int:
+    """The queue's bound over the agents holding requests in it, ``agent`` counted whether or not it does."""
+    return capacity // (len(held) + (agent not in held))
+
+
+def room(held: Mapping[str, int], agent: str, depth: int, capacity: int) -> int:
+    """How many of ``agent``'s requests the queue admits now: its free room, or more where other agents
+    hold more than their fair share (up to ``agent``'s own share, pushing theirs out)."""
+    free = capacity - depth
+    if 2 * free >= capacity or not held:  # free room of half the queue or more: no share is smaller
+        return free
+    share = fair_share(held, agent, capacity)
+    mine = held.get(agent, 0)
+    if mine >= share:
+        return free
+    spare = 0
+    for other, count in held.items():
+        if count > share and other != agent:
+            spare += count - share
+    return max(free, min(share - mine, free + spare))
+
+
+def push_out(held: Mapping[str, int], agent: str, need: int, capacity: int) -> list[tuple[str, int]]:
+    """Whose newest requests leave, and how many each, to make room for ``need`` more of ``agent``'s
+    (which :func:`room` admits): the agents holding the most first, each cut down towards the next, none
+    below its fair share."""
+    share = fair_share(held, agent, capacity)
+    counts = {other: count for other, count in held.items() if other != agent and count > share}
+    out: dict[str, int] = {}
+    while need > 0 and counts:
+        ranked = sorted(counts.items(), key=lambda entry: -entry[1])
+        top, most = ranked[0]
+        floor = max(share, ranked[1][1] if len(ranked) > 1 else share)
+        take = min(need, max(1, most - floor))  # down to the next one, then both in turn
+        out[top] = out.get(top, 0) + take
+        need -= take
+        if most - take > share:
+            counts[top] = most - take
+        else:
+            del counts[top]
+    if need > 0:
+        raise ValueError(f"no room for {need} more of agent {agent}'s requests: room() did not admit them")
+    return list(out.items())

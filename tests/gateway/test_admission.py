@@ -1,0 +1,67 @@
+"""Sharing a full pool queue between agents (gateway/dispatch/admission.py): an agent under its fair share
+is admitted by pushing out the newest requests of the agents over theirs, the heaviest first."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.dispatch.admission import fair_share, push_out, room
+
+
+def test_an_agent_alone_gets_only_the_free_room() -> None:
+    assert room({"a": 60}, "a", 60, 64) == 4
+    assert room({}, "a", 0, 64) == 64
+
+
+def test_another_agent_is_admitted_up_to_its_share_of_a_full_queue() -> None:
+    """64 held by one agent: a second one may have 32 of them."""
+    assert fair_share({"a": 64}, "b", 64) == 32
+    assert room({"a": 64}, "b", 64, 64) == 32
+    assert push_out({"a": 64}, "b", 10, 64) == [("a", 10)]
+
+
+def test_an_agent_at_its_share_gets_only_the_free_room() -> None:
+    assert room({"a": 30, "b": 32}, "b", 62, 64) == 2  # b's share is 32: the 2 free, nothing pushed
+    assert room({"a": 40, "b": 22}, "b", 62, 64) == 10  # under it: up to 32, 8 of them a's
+
+
+def test_no_one_is_cut_below_its_share() -> None:
+    """Three agents: shares of 21. b holds 20, c nothing: c may have 21, all from a's 44 over its share."""
+    held = {"a": 44, "b": 20}
+    assert room(held, "c", 64, 64) == 21
+    assert push_out(held, "c", 21, 64) == [("a", 21)]
+    assert room({"a": 30, "b": 30}, "c", 60, 64) == 21  # 4 free and 18 over shares: c's own share caps it
+
+
+def test_the_heaviest_gives_first_then_both_in_turn() -> None:
+    """a 40, b 24 over shares of 21: a first comes down to b's 24, then they give alternately."""
+    taken = dict(push_out({"a": 40, "b": 24}, "c", 20, 64))
+    assert taken == {"a": 18, "b": 2}
+    with pytest.raises(ValueError, match="room"):
+        push_out({"a": 40, "b": 24}, "c", 23, 64)  # 19 + 3 over their shares: room() says 21
+
+
+@given(
+    st.dictionaries(st.sampled_from("abcdef"), st.integers(1, 80), max_size=5),
+    st.sampled_from("abcdef"),
+    st.integers(1, 200),
+)
+def test_what_room_admits_push_out_frees_within_every_share(
+    held: dict[str, int], agent: str, cap: int
+) -> None:
+    depth = sum(held.values())
+    if depth > cap:
+        return  # a queue never holds more than its bound
+    n = room(held, agent, depth, cap)
+    free = cap - depth
+    assert n >= free
+    if n == free:
+        return
+    share = fair_share(held, agent, cap)
+    assert held.get(agent, 0) + n <= share  # pushing out never takes an agent past its own share
+    taken = dict(push_out(held, agent, n - free, cap))
+    assert sum(taken.values()) == n - free
+    assert agent not in taken
+    assert all(held[victim] - count >= share for victim, count in taken.items())
