@@ -24,7 +24,7 @@ from gateway.capture.recorder import CaptureRecorder
 from gateway.config import GatewayConfig
 from gateway.dedupe import DedupeWindow, RequestState, ResponseCache
 from gateway.dispatch.pool import PoolDispatcher
-from gateway.dispatch.work import WorkItem
+from gateway.dispatch.work import SMALL_FRAME, WorkItem
 from gateway.frames.answers import TIER_WIRE, ResponseHeads
 from gateway.frames.groups import Screened
 from gateway.frames.route import Routed, route_frame
@@ -475,14 +475,15 @@ class Ingest:
         queues sees the pools: another agent's flood that fills a queue does not refuse this agent's
         requests, it gives up its newest ones to them (gateway/dispatch/admission.py)."""
         policy = self._policy.policy
+        small = len(screened) <= SMALL_FRAME
         routed = route_frame(policy, screened, frame.region, _LiveSignals(self._pools, now))
-        full = self._queue_routed(frame, screened, routed, now, ack, spans, last=False)
+        full = self._queue_routed(frame, screened, routed, now, ack, spans, small, last=False)
         if full:
             again = screened.subset(full)
             signals = _LiveSignals(self._pools, now, frame.agent_id)
             routed = route_frame(policy, again, frame.region, signals)
             spans = None if spans is None else [spans[i] for i in full]
-            self._queue_routed(frame, again, routed, now, ack, spans, last=True)
+            self._queue_routed(frame, again, routed, now, ack, spans, small, last=True)
 
     def _queue_routed(
         self,
@@ -492,6 +493,7 @@ class Ingest:
         now: float,
         ack: pb.Ack,
         spans: list[memoryview] | None,
+        small: bool,
         *,
         last: bool,
     ) -> list[int]:
@@ -509,7 +511,7 @@ class Ingest:
                 for index in members:
                     self._nack(ack, screened.requests[index].request_id, nack, decision.reason)
                 continue
-            items = self._items(frame, screened, members, now, decision, spans)
+            items = self._items(frame, screened, members, now, decision, spans, small)
             pool = self._pools[decision.pool]
             if pool.submit_many(items, now):
                 self._accepted(frame, items, ack)
@@ -536,9 +538,11 @@ class Ingest:
         now: float,
         decision: Decision,
         spans: list[memoryview] | None,
+        small: bool,
     ) -> list[WorkItem]:
         """The work items of the screened requests at ``members``, in frame order, routed by ``decision``;
-        received when the frame was read (a wait in the backlog or the inflate thread is the gateway's)."""
+        received when the frame was read (a wait in the backlog or the inflate thread is the gateway's);
+        ``small``: the frame's requests are few (WorkItem.small)."""
         agent, region, carrier, received = frame.agent_id, frame.region, frame.carrier.name, frame.read_at
         urgent = frame.envelope.priority == pb.PRIORITY_CLASS_REALTIME
         requests, priorities, remaining, sizes = (
@@ -563,6 +567,7 @@ class Ingest:
                     sizes[index][4],
                     None if spans is None else spans[index],
                     urgent,
+                    small,
                 )
             )
         return items

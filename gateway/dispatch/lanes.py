@@ -25,7 +25,7 @@ from gateway.dispatch.work import WorkItem
 class Lane:
     """One priority class's requests in one model's queue, by agent (see the module's docstring)."""
 
-    __slots__ = ("_by_agent", "_held", "count", "urgent")
+    __slots__ = ("_by_agent", "_held", "count", "small", "urgent")
 
     def __init__(self, held: dict[str, int] | None = None) -> None:
         # Each agent's slices, oldest first; the dict's order is the agents' turn order.
@@ -33,6 +33,7 @@ class Lane:
         self._held = {} if held is None else held  # requests queued per agent, over the pool's lanes
         self.count = 0
         self.urgent = 0  # of them, urgent frames' (WorkItem.urgent; a slice is one frame's: all or none)
+        self.small = 0  # of them, small frames' (WorkItem.small)
 
     def __len__(self) -> int:
         return self.count
@@ -59,6 +60,8 @@ class Lane:
         held[agent] = held.get(agent, 0) + n
         if items[0].urgent:
             self.urgent += n
+        if items[0].small:
+            self.small += n
 
     def head(self) -> WorkItem | None:
         """The request queued first of those at the front of each agent's line (None: the lane is empty)."""
@@ -88,11 +91,28 @@ class Lane:
                     break
                 n -= self._take_from(agent, min(share, n), out)
 
+    def take_small(self, limit: int, out: list[WorkItem]) -> None:
+        """Move into ``out`` up to ``limit`` requests of small frames (WorkItem.small), the agents in turn,
+        each one's that lead its line (its order kept), when requests of larger frames wait in the lane
+        too; nothing otherwise (the lane holds small frames' requests only, or none)."""
+        if not self.small or self.small == self.count:
+            return
+        for agent, slices in list(self._by_agent.items()):
+            if limit <= 0:
+                break
+            leading = 0
+            for part in slices:
+                if not part[0].small or leading >= limit:
+                    break
+                leading += len(part)
+            if leading:
+                limit -= self._take_from(agent, min(leading, limit), out)
+
     def _take_from(self, agent: str, n: int, out: list[WorkItem]) -> int:
         """Move up to ``n`` of ``agent``'s oldest requests into ``out`` (splitting a slice if need be) and
         put the agent at the back of the turn order, or out of it when none are left; how many moved."""
         slices = self._by_agent.pop(agent)
-        taken = urgent = 0
+        taken = urgent = small = 0
         while slices and taken < n:
             first = slices[0]
             room = n - taken
@@ -106,9 +126,11 @@ class Lane:
             taken += moved
             if first[0].urgent:
                 urgent += moved
+            if first[0].small:
+                small += moved
         if slices:
             self._by_agent[agent] = slices
-        self._moved(agent, taken, urgent)
+        self._moved(agent, taken, urgent, small)
         return taken
 
     def newest(self, agent: str) -> float | None:
@@ -121,7 +143,7 @@ class Lane:
         place in the turn order while any are left; the removed ones, in the order they were queued."""
         slices = self._by_agent.get(agent)
         dropped: list[list[WorkItem]] = []
-        removed = urgent = 0
+        removed = urgent = small = 0
         while slices and removed < n:
             last = slices[-1]
             room = n - removed
@@ -134,15 +156,18 @@ class Lane:
             removed += len(part)
             if part[0].urgent:
                 urgent += len(part)
+            if part[0].small:
+                small += len(part)
         if slices is not None and not slices:
             del self._by_agent[agent]
-        self._moved(agent, removed, urgent)
+        self._moved(agent, removed, urgent, small)
         return [item for part in reversed(dropped) for item in part]
 
-    def _moved(self, agent: str, n: int, urgent: int) -> None:
-        """``n`` of ``agent``'s requests (``urgent`` of them urgent) left the lane."""
+    def _moved(self, agent: str, n: int, urgent: int, small: int) -> None:
+        """``n`` of ``agent``'s requests left the lane, ``urgent`` of them urgent, ``small`` small frames'."""
         self.count -= n
         self.urgent -= urgent
+        self.small -= small
         held = self._held
         left = held.get(agent, 0) - n
         if left > 0:
@@ -191,6 +216,16 @@ class ModelQueue:
                 for slices in lane._by_agent.values():
                     oldest = min(oldest, slices[0][0].enqueued)
         return oldest
+
+    def take_small(self, limit: int) -> list[WorkItem]:
+        """:meth:`Lane.take_small` of the most urgent lane holding requests: a batch of small frames'
+        requests alone, or none."""
+        out: list[WorkItem] = []
+        for lane in self.lanes:
+            if lane.count:
+                lane.take_small(limit, out)
+                break
+        return out
 
     def take(self, n: int) -> list[WorkItem]:
         """Up to ``n`` requests, lane by lane, most urgent first."""

@@ -173,6 +173,16 @@ class PoolDispatcher:
         # bench/realtime_under_load.py took ~15 ms in the gateway, the rest under 2.5). Realtime requests in
         # frames marked otherwise waited in the backlog as their frames did and batch as before.
         self._realtime_batch = cpu.inline_max_requests
+        # Small frames' batches: where a batch too large for the CPU stage to run in this process would hold
+        # requests of small frames (WorkItem.small: a lone request, a caller's few) beside larger frames'
+        # (a flood's), the small frames' go first in a batch of their own, run inline, and the larger
+        # frames' batch is cut whole after it. Shared with a flood, a lone interactive request rode each
+        # large batch's worker round trips: ~7 ms each way on two cores behind other batches (1.5% of them
+        # ~15 ms beside a flood, BENCHMARKS.md 2026-12-06 evening), ~250 ms at p50 where the flood filled
+        # every pool and the worker's queue (bench/realtime_under_load.py --queue-depth 256). One more
+        # backend call per such batch; the flood's batches stay full (capping them at 32, as for realtime,
+        # cost the flood 5%). By agent, not by frame, it misfired: a load of eight agents' frames of 100,
+        # each agent holding a few dozen once its frame was partly served, was cut into small batches.
         self._task_name = f"batch-{name}"
         # This pool's metric children, taken from metrics.child on first use (a series appears when it is
         # first written, as before) and kept here: a batch of one would otherwise pay a lookup each.
@@ -451,10 +461,16 @@ class PoolDispatcher:
                 assert self._loop is not None
                 self._timer = self._loop.call_later(max(wait, 0.0), self._schedule_pass)
                 return
-            first_lane = queue.lanes[0]
-            if first_lane.urgent and size > self._realtime_batch:  # the realtime ones, the rest as run inline
-                size = max(min(size, first_lane.count), self._realtime_batch)
-            items = queue.take(size)
+            first_lane, inline = queue.lanes[0], self._realtime_batch
+            if first_lane.urgent and size > inline:  # the realtime ones, the rest as run inline
+                size = max(min(size, first_lane.count), inline)
+                items = queue.take(size)
+            else:
+                # A batch too large to run inline that small frames would share with larger ones: the small
+                # frames' first, alone (see __init__)
+                items = queue.take_small(inline) if size > inline else []
+                if not items:
+                    items = queue.take(size)
             self._depth -= len(items)
             if not queue:
                 self._queues.pop(key, None)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from edgewire import pb
 from routing.types import Decision, Priority
 
+SMALL_FRAME: Final = 8
+"""At most this many requests make a frame small: a lone request, a caller's few (a flood: tens, hundreds)."""
 PRIORITY_ORDER: dict[Priority, int] = {Priority.REALTIME: 0, Priority.INTERACTIVE: 1, Priority.BATCH: 2}
 WIRE_PRIORITY: dict[Priority, pb.PriorityClass.ValueType] = {
     Priority.REALTIME: pb.PRIORITY_CLASS_REALTIME,
@@ -30,6 +33,9 @@ class WorkItem:
     text_tokens: int = 0  # a text request's estimated tokens (its profile's): the pool's length bucket
     raw: memoryview | None = None  # the request's bytes in the frame it came in (None: serialize it)
     urgent: bool = False  # in a frame marked realtime: its answer is sent once its batch is (pool.py)
+    small: bool = (
+        False  # in a frame of few requests (SMALL_FRAME): batched apart from larger frames' (pool.py)
+    )
     enqueued: float = 0.0
     attempts: int = 0  # backend attempts so far (a retry goes to another pool)
     answered: bool = False  # set once its response is out: a request is never answered twice

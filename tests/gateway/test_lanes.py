@@ -150,3 +150,34 @@ def test_an_agents_newest_requests_are_dropped_from_the_tail_and_the_counts_foll
     assert held == {"a": 1, "b": 1}
     assert ids(lane.drop_newest("a", 5)) == ["af0-2"]  # all it has left
     assert (held, lane.agents, len(lane)) == ({"b": 1}, 1, 1)
+
+
+def small(items: list[WorkItem]) -> list[WorkItem]:
+    for item in items:
+        item.small = True
+    return items
+
+
+def test_small_frames_requests_are_taken_apart_from_a_floods() -> None:
+    """take_small moves the requests of small frames that lead their agents' lines, up to the limit, the
+    agents in turn; a lane of small frames only, or of large ones only, gives none (the usual cut)."""
+    lane = Lane()
+    lane.add(frame("flood", 100, 0.0))
+    lane.add(small(frame("b", 2, 1.0)))
+    lane.add(small(frame("c", 1, 2.0)))
+    lane.add(frame("c", 50, 3.0, tag="big"))  # c's frame of 50 behind its small one: it waits its turn
+    out: list[WorkItem] = []
+    lane.take_small(32, out)
+    assert ids(out) == ["b-0", "b-1", "c-0"]
+    assert (lane.small, len(lane)) == (0, 150)
+    lane.take_small(32, out)
+    assert len(out) == 3  # no small frame left: nothing
+    only_small = Lane()
+    only_small.add(small(frame("d", 3, 0.0)))
+    only_small.take_small(32, out)
+    assert len(out) == 3 and only_small.small == 3
+    queue = ModelQueue()
+    queue.add(1, frame("flood", 40, 0.0))
+    queue.add(1, small(frame("e", 40, 1.0)))  # a small frame of 40 would not happen: the limit holds
+    assert len(queue.take_small(32)) == 32
+    assert (queue.lanes[1].small, len(queue)) == (8, 48)

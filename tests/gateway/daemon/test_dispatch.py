@@ -507,6 +507,32 @@ async def test_a_realtime_request_is_batched_with_no_more_than_runs_inline(model
     assert (rows[1][0] != rows[0][0]).any()  # the realtime request leads its batch
 
 
+async def test_a_small_frames_request_is_batched_apart_from_a_floods_large_batch(models_dir: Path) -> None:
+    """Another agent's lone interactive request queued with 40 of a flood's for one model: it goes in a
+    batch of its own (run in the gateway's process, no CPU worker's round trip each way behind the flood's
+    batches), and the flood's 40 in the next one, whole (pool.py: small frames' batches). Before, the 41
+    went in one batch through the worker."""
+    overrides = one_text_queue(models_dir, batch=64, delay_us=200_000)  # the flood's last 40 go after 0.2 s
+    flood, lone = flood_and_lone(105, seed=67)
+    async with (
+        run_gateway(models_dir=models_dir, **overrides) as gw,
+        WireClient(gw.endpoint("hgc"), agent_id="a1") as flooding,
+        WireClient(gw.endpoint("pccw"), agent_id="a2") as other,
+    ):
+        embedded, cpu = backend(gw, "embedded"), gw.pools["cpu"]
+        embedded.gate, embedded.inputs = asyncio.Event(), []
+        assert len((await flooding.wait_ack(await flooding.send(flood))).accepted_ids) == 104
+        await wait_for(lambda: embedded.calls == 1, what="the first call")
+        assert cpu.depth == 40
+        answered, calls = await lone_then_release(
+            gw, (flooding, other), flood, lone, pb.PRIORITY_CLASS_INTERACTIVE
+        )
+    assert [r.status for r in answered] == [pb.STATUS_OK] * 105
+    rows, holding = batch_rows(calls)
+    assert [len(batch) for batch in rows] == [64, 1, 40]  # [64, 41] before
+    assert holding == [1], holding
+
+
 async def test_another_agents_request_goes_in_the_next_batch_not_behind_a_flood(models_dir: Path) -> None:
     """One agent's 63 interactive requests queue for a model served 8 at a time, one call at a time (the
     first call held); another agent's interactive request for it, queued after them, is in the next call,
