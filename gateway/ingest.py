@@ -447,7 +447,7 @@ class Ingest:
             spans = request_spans(payload, requests)
             if spans is not None and len(kept) != len(spans):
                 spans = [spans[index] for index in kept]
-            self._route(frame, screened, now, ack, spans)
+            self._route(frame, screened, now, ack, spans, len(requests) <= SMALL_FRAME)
         metrics = self._metrics
         tally = metrics.tally
         tally.inc(metrics.accepted, (frame.carrier.name,), len(ack.accepted_ids))
@@ -467,15 +467,22 @@ class Ingest:
             self._send(frame, ack)
 
     def _route(
-        self, frame: _Frame, screened: Screened, now: float, ack: pb.Ack, spans: list[memoryview] | None
+        self,
+        frame: _Frame,
+        screened: Screened,
+        now: float,
+        ack: pb.Ack,
+        spans: list[memoryview] | None,
+        small: bool,
     ) -> None:
         """Route the screened requests per group (gateway/frames/route.py) and queue each group as one
         slice of its pool's queue; nack what routing or a full queue refuses. Requests refused only because
         every pool that could serve them is full are routed once more as the agent's fair share of full
         queues sees the pools: another agent's flood that fills a queue does not refuse this agent's
-        requests, it gives up its newest ones to them (gateway/dispatch/admission.py)."""
+        requests, it gives up its newest ones to them (gateway/dispatch/admission.py). ``small``: the
+        frame holds few requests (WorkItem.small; counted before screening: a frame of 100 mostly
+        duplicates is not small)."""
         policy = self._policy.policy
-        small = len(screened) <= SMALL_FRAME
         routed = route_frame(policy, screened, frame.region, _LiveSignals(self._pools, now))
         full = self._queue_routed(frame, screened, routed, now, ack, spans, small, last=False)
         if full:

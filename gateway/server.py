@@ -507,6 +507,12 @@ class Gateway:
             # Frames read before the reload are served under the keys and policy they were read with.
             self.ingest.backlog.serve_all()
         changed = self.policy.apply(fresh.routing)
+        for pool_cfg in fresh.routing.pools:  # the queues keep the bounds routing now reads
+            pool = self.pools.get(pool_cfg.name)
+            if pool is not None:
+                pool.resize(
+                    pool_cfg.max_queue_depth, per_shard_concurrency(pool_cfg.concurrency, self._shard_count)
+                )
         if agents is not None:
             for directory in (self._auth, self._directory):
                 if directory is not None:

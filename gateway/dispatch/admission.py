@@ -41,12 +41,24 @@ def room(held: Mapping[str, int], agent: str, depth: int, capacity: int) -> int:
     return max(free, min(share - mine, free + spare))
 
 
-def push_out(held: Mapping[str, int], agent: str, need: int, capacity: int) -> list[tuple[str, int]]:
+def push_out(
+    held: Mapping[str, int],
+    agent: str,
+    need: int,
+    capacity: int,
+    movable: Mapping[str, int] | None = None,
+) -> list[tuple[str, int]] | None:
     """Whose newest requests leave, and how many each, to make room for ``need`` more of ``agent``'s
     (which :func:`room` admits): the agents holding the most first, each cut down towards the next, none
-    below its fair share."""
+    below its fair share; of each, at most its ``movable`` requests (those no more urgent than the
+    newcomer's: a batch request never pushes out a realtime one). None when those do not make the room."""
     share = fair_share(held, agent, capacity)
     counts = {other: count for other, count in held.items() if other != agent and count > share}
+    if movable is not None:
+        limits = {other: min(count - share, movable.get(other, 0)) for other, count in counts.items()}
+        if sum(limits.values()) < need:
+            return None
+        counts = {other: share + limit for other, limit in limits.items() if limit > 0}
     out: dict[str, int] = {}
     while need > 0 and counts:
         ranked = sorted(counts.items(), key=lambda entry: -entry[1])

@@ -133,6 +133,10 @@ class Lane:
         self._moved(agent, taken, urgent, small)
         return taken
 
+    def queued_by_agent(self) -> list[tuple[str, int]]:
+        """Each agent's requests queued in the lane (a walk over its slices: for the rare full queue)."""
+        return [(agent, sum(len(part) for part in slices)) for agent, slices in self._by_agent.items()]
+
     def newest(self, agent: str) -> float | None:
         """When ``agent``'s newest slice in the lane was queued (None: it has none here)."""
         slices = self._by_agent.get(agent)
@@ -180,11 +184,12 @@ class ModelQueue:
     """The three lanes of one (model, version, size group), realtime first: a batch takes a lane's requests
     only once the lanes before it are empty."""
 
-    __slots__ = ("lanes",)
+    __slots__ = ("lanes", "small_last")
 
     def __init__(self, held: dict[str, int] | None = None) -> None:
         held = {} if held is None else held
         self.lanes: tuple[Lane, Lane, Lane] = (Lane(held), Lane(held), Lane(held))
+        self.small_last = False  # the last batch was small frames' alone (take_batch)
 
     def __len__(self) -> int:
         lanes = self.lanes
@@ -226,6 +231,15 @@ class ModelQueue:
                 lane.take_small(limit, out)
                 break
         return out
+
+    def take_batch(self, size: int, inline: int) -> list[WorkItem]:
+        """The next batch of up to ``size``: where that is more than the CPU stage runs in the gateway's own
+        process (``inline``) and small frames' requests wait beside larger frames', the small frames' alone
+        (:meth:`take_small`, at most ``inline``), but never twice in a row, so larger frames get every
+        other batch of the queue however many small frames keep coming; else :meth:`take`."""
+        items = self.take_small(inline) if size > inline and not self.small_last else []
+        self.small_last = bool(items)
+        return items or self.take(size)
 
     def take(self, n: int) -> list[WorkItem]:
         """Up to ``n`` requests, lane by lane, most urgent first."""

@@ -268,10 +268,10 @@ class PoolDispatcher:
         if self._stopped:
             return False
         first = items[0]
-        over = self._depth + len(items) - self.max_queue_depth
-        if over > 0 and not self._push_out(first.agent_id, len(items), over):
-            return False
         lane = PRIORITY_ORDER[first.priority]
+        over = self._depth + len(items) - self.max_queue_depth
+        if over > 0 and not self._push_out(first.agent_id, len(items), over, lane):
+            return False
         model, version = first.model, first.version
         padded = self._pads(first)
         for item in items:
@@ -294,31 +294,48 @@ class PoolDispatcher:
             queue = self._queues[key] = ModelQueue(self._held)
         return queue
 
-    def _push_out(self, agent: str, n: int, need: int) -> bool:
-        """Make room for ``n`` of ``agent``'s requests, ``need`` more than the queue has free, by answering
-        OVERLOADED the newest requests of the agents over their fair share (gateway/dispatch/admission.py):
-        batch lanes first, then interactive, then realtime, each lane's newest first. False, and nothing
-        done, when the agent's share does not stretch that far."""
+    def _push_out(self, agent: str, n: int, need: int, lane: int) -> bool:
+        """Make room for ``n`` of ``agent``'s requests of priority lane ``lane``, ``need`` more than the queue
+        has free, by answering OVERLOADED the newest requests of the agents over their fair share
+        (gateway/dispatch/admission.py) in that lane or less urgent ones: batch first, then interactive,
+        then realtime, each lane's newest first (a request whose deadline has passed is answered
+        DEADLINE_EXCEEDED instead). False, and nothing done, when the agent's share does not stretch that
+        far or the others' requests over their shares are more urgent than these."""
         capacity = self.max_queue_depth
         if admission.room(self._held, agent, self._depth, capacity) < n:
             return False
+        movable = self._held_from(lane)
+        victims = admission.push_out(self._held, agent, need, capacity, movable)
+        if victims is None:
+            return False
         shed = self._metrics.child(self._metrics.shed, self.name, "pushed_out")
-        for victim, count in admission.push_out(self._held, agent, need, capacity):
-            dropped = self._drop_newest(victim, count)
-            shed.inc(len(dropped))
-            message = (
-                f"pool {self.name}'s queue is full and this agent held more than its share of it: "
-                "pushed out for another agent's requests; resend"
-            )
-            for item in dropped:
+        message = (
+            f"pool {self.name}'s queue is full and this agent held more than its share of it: "
+            "pushed out for another agent's requests; resend"
+        )
+        now = time.monotonic()
+        for victim, count in victims:
+            dropped = self._drop_newest(victim, count, lane)
+            live = self._unexpired(dropped, now)
+            shed.inc(len(live))
+            for item in live:
                 self._answer_status(item, "OVERLOADED", message)
         return True
 
-    def _drop_newest(self, agent: str, n: int) -> list[WorkItem]:
-        """Remove ``n`` of ``agent``'s queued requests: its least urgent lane first; within a lane, the
-        queue with its newest slice first, newest first."""
+    def _held_from(self, lane: int) -> dict[str, int]:
+        """Each agent's requests queued in priority lane ``lane`` and the less urgent ones."""
+        counts: dict[str, int] = {}
+        for queue in self._queues.values():
+            for less_urgent in queue.lanes[lane:]:
+                for agent, queued in less_urgent.queued_by_agent():
+                    counts[agent] = counts.get(agent, 0) + queued
+        return counts
+
+    def _drop_newest(self, agent: str, n: int, most_urgent: int = 0) -> list[WorkItem]:
+        """Remove ``n`` of ``agent``'s queued requests from lane ``most_urgent`` and less urgent ones: its
+        least urgent lane first; within a lane, the queue with its newest slice first, newest first."""
         dropped: list[WorkItem] = []
-        for lane in (2, 1, 0):
+        for lane in range(2, most_urgent - 1, -1):
             holding = [q for q in self._queues.values() if q.lanes[lane].newest(agent) is not None]
             holding.sort(key=lambda q: q.lanes[lane].newest(agent) or 0.0, reverse=True)
             for queue in holding:
@@ -355,6 +372,16 @@ class PoolDispatcher:
         return items
 
     # ------------------------------------------------------------------ lifecycle
+
+    def resize(self, max_queue_depth: int, concurrency: int) -> None:
+        """A reload's queue bound and batches in flight (routing's pool entry; both are routing's too, which
+        must see the same bound the queue keeps). A smaller bound keeps what is queued (it drains by
+        batches); more concurrency starts the batches that can go now."""
+        self.max_queue_depth = max_queue_depth
+        grown = concurrency > self.concurrency
+        self.concurrency = concurrency
+        if grown:
+            self._schedule_pass()
 
     def start(self) -> None:
         if not self._running:
@@ -466,11 +493,7 @@ class PoolDispatcher:
                 size = max(min(size, first_lane.count), inline)
                 items = queue.take(size)
             else:
-                # A batch too large to run inline that small frames would share with larger ones: the small
-                # frames' first, alone (see __init__)
-                items = queue.take_small(inline) if size > inline else []
-                if not items:
-                    items = queue.take(size)
+                items = queue.take_batch(size, inline)  # small frames' apart (see __init__)
             self._depth -= len(items)
             if not queue:
                 self._queues.pop(key, None)

@@ -65,3 +65,13 @@ def test_what_room_admits_push_out_frees_within_every_share(
     assert sum(taken.values()) == n - free
     assert agent not in taken
     assert all(held[victim] - count >= share for victim, count in taken.items())
+
+
+def test_push_out_takes_only_what_may_be_moved() -> None:
+    """movable: each agent's requests no more urgent than the newcomer's. a holds 40 but only 5 of them
+    may go: b's 10 cannot be made room for; with 12 movable they can, all from a."""
+    assert push_out({"a": 40}, "b", 10, 40, movable={"a": 5}) is None
+    assert push_out({"a": 40}, "b", 10, 40, movable={"a": 12}) == [("a", 10)]
+    held = {"a": 30, "b": 10}  # shares of 13 with c: only a is over
+    assert push_out(held, "c", 6, 40, movable={"a": 4, "b": 10}) is None
+    assert push_out(held, "c", 6, 40, movable={"a": 17}) == [("a", 6)]

@@ -328,6 +328,23 @@ async def test_frames_waiting_at_a_reload_are_served_before_it(models_dir: Path)
         assert accepted(ingest, waiting) == [True] * 5
 
 
+async def test_a_reload_gives_the_pools_the_queue_bounds_routing_reads(models_dir: Path) -> None:
+    """A SIGHUP reload that changes a pool's max_queue_depth and concurrency in [[routing.pools]]: routing
+    reads the new bound, and so does the pool's queue (it kept the first one before: routing and the
+    queue could disagree on when the pool is full)."""
+    overrides = loopback_overrides(models_dir)
+    # The routing section as the config file's: edited in place below, as the file would be before SIGHUP.
+    overrides["routing"] = load_config(environ={}, overrides=overrides).routing.model_dump(mode="json")
+    async with running(Gateway(load_config(environ={}, overrides=overrides), overrides=overrides)) as gw:
+        cpu = gw.pools["cpu"]
+        before = (cpu.max_queue_depth, cpu.concurrency)
+        for pool in overrides["routing"]["pools"]:
+            if pool["name"] == "cpu":
+                pool["max_queue_depth"], pool["concurrency"] = 7, before[1] + 1
+        assert gw.reload()
+        assert (cpu.max_queue_depth, cpu.concurrency) == (7, before[1] + 1) != before
+
+
 async def test_drain_serves_the_frames_waiting_and_close_drops_them(models_dir: Path) -> None:
     """Frames in the backlog when the drain settles are served then (their requests answered, as draining,
     before the replies are flushed); after close the backlog is empty and off."""

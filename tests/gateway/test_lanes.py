@@ -181,3 +181,21 @@ def test_small_frames_requests_are_taken_apart_from_a_floods() -> None:
     queue.add(1, small(frame("e", 40, 1.0)))  # a small frame of 40 would not happen: the limit holds
     assert len(queue.take_small(32)) == 32
     assert (queue.lanes[1].small, len(queue)) == (8, 48)
+
+
+def test_small_frames_batches_alternate_with_the_larger_frames_however_many_keep_coming() -> None:
+    """take_batch: a batch too large to run inline takes small frames' requests alone, but never twice in
+    a row: with 16 small requests arriving before every cut, the flood still gets every other batch."""
+    queue = ModelQueue()
+    for f in range(4):
+        queue.add(1, frame("flood", 100, 0.0, tag=f"f{f}"))
+    cuts = []
+    for turn in range(6):
+        queue.add(1, small(frame(f"s{turn}", 8, float(turn), tag="x")))
+        queue.add(1, small(frame(f"s{turn}", 8, float(turn), tag="y")))
+        batch = queue.take_batch(128, 32)
+        cuts.append((len(batch), sum(1 for item in batch if item.agent_id == "flood")))
+    # small frames' alone, then a batch of 128 shared max-min (the flood's 112, the newest small frame's
+    # 16: taking the small ones alone every time, the flood got none)
+    assert cuts == [(16, 0), (128, 112)] * 3
+    assert queue.take_batch(16, 32) and not queue.small_last  # small enough to run inline: the usual cut
