@@ -93,9 +93,8 @@ class Lane:
 
     def take_small(self, limit: int, out: list[WorkItem]) -> None:
         """Move into ``out`` up to ``limit`` requests of small frames (WorkItem.small), the agents in turn,
-        each one's that lead its line (its order kept), when requests of larger frames wait in the lane
-        too; nothing otherwise (the lane holds small frames' requests only, or none)."""
-        if not self.small or self.small == self.count:
+        each one's that lead its line (its order kept)."""
+        if not self.small:
             return
         for agent, slices in list(self._by_agent.items()):
             if limit <= 0:
@@ -108,13 +107,35 @@ class Lane:
             if leading:
                 limit -= self._take_from(agent, min(leading, limit), out)
 
-    def _take_from(self, agent: str, n: int, out: list[WorkItem]) -> int:
-        """Move up to ``n`` of ``agent``'s oldest requests into ``out`` (splitting a slice if need be) and
-        put the agent at the back of the turn order, or out of it when none are left; how many moved."""
+    def take_large(self, n: int, out: list[WorkItem]) -> None:
+        """:meth:`take` of the requests of larger frames only (not WorkItem.small): the agents whose lines
+        they lead share ``n`` max-min, each up to its next small frame's (its order kept)."""
+        by_agent = self._by_agent
+        leading = [agent for agent, slices in by_agent.items() if not slices[0][0].small]
+        while n > 0 and leading:
+            share = max(1, n // len(leading))
+            more = []
+            for agent in leading:
+                if n <= 0:
+                    break
+                want = min(share, n)
+                got = self._take_from(agent, want, out, large_only=True)
+                n -= got
+                slices = by_agent.get(agent)
+                if got == want and slices and not slices[0][0].small:
+                    more.append(agent)
+            leading = more
+
+    def _take_from(self, agent: str, n: int, out: list[WorkItem], *, large_only: bool = False) -> int:
+        """Move up to ``n`` of ``agent``'s oldest requests into ``out`` (splitting a slice if need be; with
+        ``large_only``, none from its first small frame's slice on) and put the agent at the back of the
+        turn order, or out of it when none are left; how many moved."""
         slices = self._by_agent.pop(agent)
         taken = urgent = small = 0
         while slices and taken < n:
             first = slices[0]
+            if large_only and first[0].small:
+                break
             room = n - taken
             if len(first) <= room:
                 out.extend(slices.popleft())
@@ -189,7 +210,7 @@ class ModelQueue:
     def __init__(self, held: dict[str, int] | None = None) -> None:
         held = {} if held is None else held
         self.lanes: tuple[Lane, Lane, Lane] = (Lane(held), Lane(held), Lane(held))
-        self.small_last = False  # the last batch was small frames' alone (take_batch)
+        self.small_last = False  # the last batch was small frames' alone: larger frames' turn (take_batch)
 
     def __len__(self) -> int:
         lanes = self.lanes
@@ -222,24 +243,26 @@ class ModelQueue:
                     oldest = min(oldest, slices[0][0].enqueued)
         return oldest
 
-    def take_small(self, limit: int) -> list[WorkItem]:
-        """:meth:`Lane.take_small` of the most urgent lane holding requests: a batch of small frames'
-        requests alone, or none."""
-        out: list[WorkItem] = []
-        for lane in self.lanes:
-            if lane.count:
-                lane.take_small(limit, out)
-                break
-        return out
-
     def take_batch(self, size: int, inline: int) -> list[WorkItem]:
-        """The next batch of up to ``size``: where that is more than the CPU stage runs in the gateway's own
-        process (``inline``) and small frames' requests wait beside larger frames', the small frames' alone
-        (:meth:`take_small`, at most ``inline``), but never twice in a row, so larger frames get every
-        other batch of the queue however many small frames keep coming; else :meth:`take`."""
-        items = self.take_small(inline) if size > inline and not self.small_last else []
-        self.small_last = bool(items)
-        return items or self.take(size)
+        """The next batch of up to ``size``. Where that is more than the CPU stage runs in the gateway's own
+        process (``inline``) and the most urgent lane holding requests holds small frames' beside others
+        (larger frames' in it or any in a less urgent lane), the lane's small and larger frames take turns:
+        a batch of the small frames' alone (:meth:`Lane.take_small`, at most ``inline``: run inline), then
+        one of its larger frames' alone (:meth:`Lane.take_large`), so neither rides the other's batches and
+        a stream of small frames cannot hold larger ones back. Else :meth:`take`."""
+        lane = next((lane for lane in self.lanes if lane.count), None)
+        if size > inline and lane is not None and lane.small and len(self) > lane.small:
+            # Small frames' requests lead the batch and others would fill it (larger frames' in this lane,
+            # or any in a less urgent one, which wait for this lane as always).
+            small, large = (lane.take_small, inline), (lane.take_large, size)
+            for take, most in (large, small) if self.small_last else (small, large):
+                out: list[WorkItem] = []
+                take(most, out)
+                if out:
+                    self.small_last = out[0].small
+                    return out
+        self.small_last = False
+        return self.take(size)
 
     def take(self, n: int) -> list[WorkItem]:
         """Up to ``n`` requests, lane by lane, most urgent first."""

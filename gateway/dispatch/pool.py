@@ -175,11 +175,11 @@ class PoolDispatcher:
         self._realtime_batch = cpu.inline_max_requests
         # Small frames' batches: where a batch too large for the CPU stage to run in this process would hold
         # requests of small frames (WorkItem.small: a lone request, a caller's few) beside larger frames'
-        # (a flood's), the small frames' go first in a batch of their own, run inline, and the larger
-        # frames' batch is cut whole after it. Shared with a flood, a lone interactive request rode each
-        # large batch's worker round trips: ~7 ms each way on two cores behind other batches (1.5% of them
-        # ~15 ms beside a flood, BENCHMARKS.md 2026-12-06 evening), ~250 ms at p50 where the flood filled
-        # every pool and the worker's queue (bench/realtime_under_load.py --queue-depth 256). One more
+        # (a flood's), the two take turns in batches of their own (ModelQueue.take_batch): the small
+        # frames' run inline, the larger frames' batch is cut whole. Shared with a flood, a lone request
+        # rode each large batch's worker round trips: ~7 ms each way on two cores behind other batches
+        # (1.5% of them ~15 ms beside a flood, BENCHMARKS.md 2026-12-06 evening), ~250 ms at p50 where it
+        # filled every pool and the worker's queue (bench/realtime_under_load.py --queue-depth 256). One more
         # backend call per such batch; the flood's batches stay full (capping them at 32, as for realtime,
         # cost the flood 5%). By agent, not by frame, it misfired: a load of eight agents' frames of 100,
         # each agent holding a few dozen once its frame was partly served, was cut into small batches.

@@ -160,7 +160,7 @@ def small(items: list[WorkItem]) -> list[WorkItem]:
 
 def test_small_frames_requests_are_taken_apart_from_a_floods() -> None:
     """take_small moves the requests of small frames that lead their agents' lines, up to the limit, the
-    agents in turn; a lane of small frames only, or of large ones only, gives none (the usual cut)."""
+    agents in turn; take_large those of larger frames."""
     lane = Lane()
     lane.add(frame("flood", 100, 0.0))
     lane.add(small(frame("b", 2, 1.0)))
@@ -172,20 +172,21 @@ def test_small_frames_requests_are_taken_apart_from_a_floods() -> None:
     assert (lane.small, len(lane)) == (0, 150)
     lane.take_small(32, out)
     assert len(out) == 3  # no small frame left: nothing
-    only_small = Lane()
-    only_small.add(small(frame("d", 3, 0.0)))
-    only_small.take_small(32, out)
-    assert len(out) == 3 and only_small.small == 3
-    queue = ModelQueue()
-    queue.add(1, frame("flood", 40, 0.0))
-    queue.add(1, small(frame("e", 40, 1.0)))  # a small frame of 40 would not happen: the limit holds
-    assert len(queue.take_small(32)) == 32
-    assert (queue.lanes[1].small, len(queue)) == (8, 48)
+    lane = Lane()
+    lane.add(frame("flood", 40, 0.0))
+    lane.add(small(frame("e", 40, 1.0)))  # a small frame of 40 would not happen: the limit holds
+    out.clear()
+    lane.take_small(32, out)
+    assert (len(out), lane.small, len(lane)) == (32, 8, 48)
+    out.clear()
+    lane.take_large(100, out)  # the larger frames' alone, as many as there are
+    assert (len(out), lane.small, len(lane)) == (40, 8, 8)
 
 
 def test_small_frames_batches_alternate_with_the_larger_frames_however_many_keep_coming() -> None:
-    """take_batch: a batch too large to run inline takes small frames' requests alone, but never twice in
-    a row: with 16 small requests arriving before every cut, the flood still gets every other batch."""
+    """take_batch: where a batch is too large to run inline, small frames' requests and larger frames'
+    take turns, each alone: with 16 small requests arriving before every cut, the flood still gets every
+    other batch, whole."""
     queue = ModelQueue()
     for f in range(4):
         queue.add(1, frame("flood", 100, 0.0, tag=f"f{f}"))
@@ -195,7 +196,22 @@ def test_small_frames_batches_alternate_with_the_larger_frames_however_many_keep
         queue.add(1, small(frame(f"s{turn}", 8, float(turn), tag="y")))
         batch = queue.take_batch(128, 32)
         cuts.append((len(batch), sum(1 for item in batch if item.agent_id == "flood")))
-    # small frames' alone, then a batch of 128 shared max-min (the flood's 112, the newest small frame's
-    # 16: taking the small ones alone every time, the flood got none)
-    assert cuts == [(16, 0), (128, 112)] * 3
+    # small frames' alone, then the flood's alone, in turns (taking the small ones alone every time, the
+    # flood got none; letting them share the flood's batch, they rode its CPU worker round trips)
+    assert cuts == [(16, 0), (128, 128), (32, 0), (128, 128), (32, 0), (128, 128)]
     assert queue.take_batch(16, 32) and not queue.small_last  # small enough to run inline: the usual cut
+
+
+def test_small_frames_batch_alone_when_only_a_less_urgent_lane_holds_a_flood() -> None:
+    """A lone interactive request and a flood of batch requests: its batch is its own (the batch lane
+    waits for the interactive one, as always), not filled to 128 with the flood's; alone in the queue,
+    small frames' requests are batched as usual."""
+    queue = ModelQueue()
+    queue.add(2, frame("flood", 300, 0.0))
+    queue.add(1, small(frame("b", 1, 1.0)))
+    assert ids(queue.take_batch(128, 32)) == ["b-0"]
+    assert len(queue.take_batch(128, 32)) == 128  # then the flood's
+    alone = ModelQueue()
+    alone.add(1, small(frame("c", 4, 0.0)))
+    alone.add(1, small(frame("d", 4, 0.0)))
+    assert len(alone.take_batch(128, 32)) == 8 and not alone.small_last

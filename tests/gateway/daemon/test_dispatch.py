@@ -478,13 +478,15 @@ async def lone_then_release(
     return answered, embedded.inputs
 
 
-async def test_a_realtime_request_is_batched_with_no_more_than_runs_inline(models_dir: Path) -> None:
-    """A realtime request queued with 40 of a flood's interactive requests for one model: its batch takes
-    the flood's only up to ``cpu.inline_max_requests`` (32, the CPU stage's work then stays in this process,
-    no worker round trip each way); the rest go in the next batch (pool.py: ``_realtime_batch``)."""
-    overrides = one_text_queue(models_dir, batch=64, delay_us=200_000)  # the last 9 go after 0.2 s
-    flood, lone = flood_and_lone(105, seed=59)
-    lone[0].priority = pb.PRIORITY_CLASS_REALTIME
+async def lone_beside_104(
+    models_dir: Path, seed: int, priority: pb.PriorityClass.ValueType
+) -> tuple[list[pb.InferResponse], list[Mapping[str, np.ndarray]]]:
+    """One agent's 104 interactive requests for a model served 64 at a time (the first batch prepared in a
+    CPU worker, its call held; 40 wait), then another agent's lone request of ``priority`` for it, then
+    the call let go: every answer, the lone's first, and each call's inputs (:func:`lone_then_release`)."""
+    overrides = one_text_queue(models_dir, batch=64, delay_us=200_000)  # the last ones go after 0.2 s
+    flood, lone = flood_and_lone(105, seed=seed)
+    lone[0].priority = priority
     async with (
         run_gateway(models_dir=models_dir, **overrides) as gw,
         WireClient(gw.endpoint("hgc"), agent_id="a1") as flooding,
@@ -494,12 +496,16 @@ async def test_a_realtime_request_is_batched_with_no_more_than_runs_inline(model
         assert gw.config.cpu.inline_max_requests == 32
         embedded.gate, embedded.inputs = asyncio.Event(), []
         assert len((await flooding.wait_ack(await flooding.send(flood))).accepted_ids) == 104
-        # The first batch, 64, is prepared in a CPU worker, then its call holds; 40 wait.
         await wait_for(lambda: embedded.calls == 1, what="the first call")
         assert cpu.depth == 40
-        answered, calls = await lone_then_release(
-            gw, (flooding, other), flood, lone, pb.PRIORITY_CLASS_REALTIME
-        )
+        return await lone_then_release(gw, (flooding, other), flood, lone, priority)
+
+
+async def test_a_realtime_request_is_batched_with_no_more_than_runs_inline(models_dir: Path) -> None:
+    """A realtime request queued with 40 of a flood's interactive requests for one model: its batch takes
+    the flood's only up to ``cpu.inline_max_requests`` (32, the CPU stage's work then stays in this process,
+    no worker round trip each way); the rest go in the next batch (pool.py: ``_realtime_batch``)."""
+    answered, calls = await lone_beside_104(models_dir, 59, pb.PRIORITY_CLASS_REALTIME)
     assert [r.status for r in answered] == [pb.STATUS_OK] * 105
     rows, holding = batch_rows(calls)
     assert holding == [1], holding
@@ -512,21 +518,7 @@ async def test_a_small_frames_request_is_batched_apart_from_a_floods_large_batch
     batch of its own (run in the gateway's process, no CPU worker's round trip each way behind the flood's
     batches), and the flood's 40 in the next one, whole (pool.py: small frames' batches). Before, the 41
     went in one batch through the worker."""
-    overrides = one_text_queue(models_dir, batch=64, delay_us=200_000)  # the flood's last 40 go after 0.2 s
-    flood, lone = flood_and_lone(105, seed=67)
-    async with (
-        run_gateway(models_dir=models_dir, **overrides) as gw,
-        WireClient(gw.endpoint("hgc"), agent_id="a1") as flooding,
-        WireClient(gw.endpoint("pccw"), agent_id="a2") as other,
-    ):
-        embedded, cpu = backend(gw, "embedded"), gw.pools["cpu"]
-        embedded.gate, embedded.inputs = asyncio.Event(), []
-        assert len((await flooding.wait_ack(await flooding.send(flood))).accepted_ids) == 104
-        await wait_for(lambda: embedded.calls == 1, what="the first call")
-        assert cpu.depth == 40
-        answered, calls = await lone_then_release(
-            gw, (flooding, other), flood, lone, pb.PRIORITY_CLASS_INTERACTIVE
-        )
+    answered, calls = await lone_beside_104(models_dir, 67, pb.PRIORITY_CLASS_INTERACTIVE)
     assert [r.status for r in answered] == [pb.STATUS_OK] * 105
     rows, holding = batch_rows(calls)
     assert [len(batch) for batch in rows] == [64, 1, 40]  # [64, 41] before
