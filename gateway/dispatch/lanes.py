@@ -250,8 +250,8 @@ class ModelQueue:
         a batch of the small frames' alone (:meth:`Lane.take_small`, at most ``inline``: run inline), then
         one of its larger frames' alone (:meth:`Lane.take_large`), so neither rides the other's batches and
         a stream of small frames cannot hold larger ones back. Else :meth:`take`."""
-        lane = next((lane for lane in self.lanes if lane.count), None)
-        if size > inline and lane is not None and lane.small and len(self) > lane.small:
+        lane = None if size <= inline else next((lane for lane in self.lanes if lane.count), None)
+        if lane is not None and lane.small and len(self) > lane.small:
             # Small frames' requests lead the batch and others would fill it (larger frames' in this lane,
             # or any in a less urgent one, which wait for this lane as always).
             small, large = (lane.take_small, inline), (lane.take_large, size)
