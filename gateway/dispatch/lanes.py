@@ -9,9 +9,12 @@ agent with thousands of requests queued delays another's by about one batch, not
 come first served, one agent's flood of frames of 100 held another's lone interactive requests behind
 every request it had queued for that model (bench/realtime_under_load.py --lone interactive). The
 agents served go to the back of the lane's order, so when a batch has less room than the lane has agents,
-the next batch begins with the ones left out. A lane also counts each agent's requests in a dict shared by
-the pool's queues (``held``: gateway/dispatch/admission.py shares a full queue by it), and gives up an
-agent's newest requests when the pool pushes them out for another agent's. Pure: no clock, no I/O.
+the next batch begins with the ones left out. Where a batch would be too large for the CPU stage to run
+in the gateway's process, small frames' requests (a lone request, a caller's few) and larger frames' take
+turns in batches of their own (ModelQueue.take_batch), so a lone request does not ride a flood's batch
+through a worker. A lane also counts each agent's requests in a dict shared by the pool's queues
+(``held``: gateway/dispatch/admission.py shares a full queue by it), and gives up an agent's newest
+requests when the pool pushes them out for another agent's. Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
