@@ -138,7 +138,7 @@ RULES: tuple[tuple[str, Predicate], ...] = (
     (SCREENING, at("inference/profile.py", "wire_priority")),
     # Routing: the request's profile, the policy's decision, the pools' signals it reads, its estimates.
     (ROUTING, at("gateway/ingest.py", "_route", "__getitem__", "__iter__", "__len__")),
-    (ROUTING, at("gateway/dispatch/pool.py", "signals", "signals_after_submit", "healthy", "depth")),
+    (ROUTING, at("gateway/dispatch/pool.py", "signals", "signals_for", "healthy", "depth")),
     (ROUTING, at("gateway/server.py", "_observe_latency")),
     (ROUTING, at("gateway/frames/route.py")),
     (ROUTING, at("gateway/frames/groups.py")),

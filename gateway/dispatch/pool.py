@@ -19,7 +19,7 @@ import re
 import time
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final, Literal
 
 import structlog
@@ -31,7 +31,7 @@ from gateway.dispatch import admission
 from gateway.dispatch.breaker import BreakerState, CircuitBreaker
 from gateway.dispatch.cpu import CpuStage, CpuTaskFailed
 from gateway.dispatch.eager import start_eagerly
-from gateway.dispatch.lanes import ModelQueue
+from gateway.dispatch.lanes import Lane, ModelQueue
 from gateway.dispatch.work import PRIORITY_ORDER, WorkItem
 from gateway.ops.metrics import GatewayMetrics
 from inference.backends.base import (
@@ -224,34 +224,21 @@ class PoolDispatcher:
             )
         return last
 
+    def _room(self, agent: str) -> int:
+        """How many of ``agent``'s requests the queue takes now (gateway/dispatch/admission.py)."""
+        return admission.room(self._held, agent, self._depth, self.max_queue_depth)
+
     def pushes_out_for(self, agent: str) -> bool:
         """Whether the queue takes more of ``agent``'s requests than it has free room for, pushing other
         agents' out (:meth:`submit_many`)."""
-        capacity, depth = self.max_queue_depth, self._depth
-        return 2 * depth > capacity and admission.room(self._held, agent, depth, capacity) > capacity - depth
+        return self._room(agent) > self.max_queue_depth - self._depth
 
     def signals_for(self, agent: str, now: float) -> PoolSignals:
         """:meth:`signals` as routing sees them for ``agent``'s requests: a full queue that would push other
         agents' requests out for its own (:meth:`submit_many`) is as deep as leaves room for them."""
         signals = self.signals(now)
-        if not self.pushes_out_for(agent):
-            return signals
-        take = admission.room(self._held, agent, self._depth, self.max_queue_depth)
-        return PoolSignals(
-            queue_depth=self.max_queue_depth - take,
-            ewma_latency_s=signals.ewma_latency_s,
-            healthy=signals.healthy,
-            concurrency=signals.concurrency,
-        )
-
-    def signals_after_submit(self, before: PoolSignals) -> PoolSignals:
-        """``before`` with the queue depth as it is now: health and latency do not change within a frame."""
-        return PoolSignals(
-            queue_depth=self._depth,
-            ewma_latency_s=before.ewma_latency_s,
-            healthy=before.healthy,
-            concurrency=before.concurrency,
-        )
+        depth = self.max_queue_depth - self._room(agent)
+        return signals if depth >= self._depth else replace(signals, queue_depth=depth)
 
     # ------------------------------------------------------------------ intake
 
@@ -301,11 +288,9 @@ class PoolDispatcher:
         then realtime, each lane's newest first (a request whose deadline has passed is answered
         DEADLINE_EXCEEDED instead). False, and nothing done, when the agent's share does not stretch that
         far or the others' requests over their shares are more urgent than these."""
-        capacity = self.max_queue_depth
-        if admission.room(self._held, agent, self._depth, capacity) < n:
+        if self._room(agent) < n:
             return False
-        movable = self._held_from(lane)
-        victims = admission.push_out(self._held, agent, need, capacity, movable)
+        victims = admission.push_out(self._held, agent, need, self.max_queue_depth, self._held_from(lane))
         if victims is None:
             return False
         shed = self._metrics.child(self._metrics.shed, self.name, "pushed_out")
@@ -331,17 +316,21 @@ class PoolDispatcher:
                     counts[agent] = counts.get(agent, 0) + queued
         return counts
 
-    def _drop_newest(self, agent: str, n: int, most_urgent: int = 0) -> list[WorkItem]:
+    def _drop_newest(self, agent: str, n: int, most_urgent: int) -> list[WorkItem]:
         """Remove ``n`` of ``agent``'s queued requests from lane ``most_urgent`` and less urgent ones: its
         least urgent lane first; within a lane, the queue with its newest slice first, newest first."""
         dropped: list[WorkItem] = []
         for lane in range(2, most_urgent - 1, -1):
-            holding = [q for q in self._queues.values() if q.lanes[lane].newest(agent) is not None]
-            holding.sort(key=lambda q: q.lanes[lane].newest(agent) or 0.0, reverse=True)
-            for queue in holding:
+            holding: list[tuple[float, Lane]] = []  # the agent's newest slice's time in each queue's lane
+            for queue in self._queues.values():
+                newest = queue.lanes[lane].newest(agent)
+                if newest is not None:
+                    holding.append((newest, queue.lanes[lane]))
+            holding.sort(key=lambda entry: entry[0], reverse=True)
+            for _, held_in in holding:
                 if len(dropped) >= n:
                     break
-                dropped.extend(queue.lanes[lane].drop_newest(agent, n - len(dropped)))
+                dropped.extend(held_in.drop_newest(agent, n - len(dropped)))
         self._depth -= len(dropped)
         for key in [key for key, queue in self._queues.items() if not queue]:
             del self._queues[key]

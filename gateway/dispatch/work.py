@@ -33,9 +33,7 @@ class WorkItem:
     text_tokens: int = 0  # a text request's estimated tokens (its profile's): the pool's length bucket
     raw: memoryview | None = None  # the request's bytes in the frame it came in (None: serialize it)
     urgent: bool = False  # in a frame marked realtime: its answer is sent once its batch is (pool.py)
-    small: bool = (
-        False  # in a frame of few requests (SMALL_FRAME): batched apart from larger frames' (pool.py)
-    )
+    small: bool = False  # in a frame of at most SMALL_FRAME requests: batched apart (lanes.py take_batch)
     enqueued: float = 0.0
     attempts: int = 0  # backend attempts so far (a retry goes to another pool)
     answered: bool = False  # set once its response is out: a request is never answered twice
