@@ -544,7 +544,12 @@ def turns(trees: Sequence[Tree], repeat: int) -> list[Tree]:
 
 
 def start_tree(
-    tree: Tree, work: Path, extra_toml: str = "", backend_options: str = "", max_queue_depth: int = 4096
+    tree: Tree,
+    work: Path,
+    extra_toml: str = "",
+    backend_options: str = "",
+    max_queue_depth: int = 4096,
+    every_class: bool = False,
 ) -> Peer:
     work.mkdir(parents=True, exist_ok=True)
     try:
@@ -555,6 +560,7 @@ def start_tree(
             extra_toml=extra_toml,
             backend_options=backend_options,
             max_queue_depth=max_queue_depth,
+            every_class=every_class,
         )
     except RuntimeError as exc:
         raise RuntimeError(f"the {tree.label} tree's gateway ({tree.root}) did not start: {exc}") from exc

@@ -124,6 +124,7 @@ class Peer:
     ) -> None:
         self.name = name
         self.http_port = 0
+        self.endpoints: dict[str, str] = {}  # a gateway's: each carrier's
         self.proc = subprocess.Popen(
             argv,
             stdout=subprocess.PIPE,
@@ -157,6 +158,7 @@ class Peer:
                 continue
             if record.get("event") == "gateway ready":
                 self.http_port = int(record["http_port"])
+                self.endpoints = {str(name): str(at) for name, at in record["carriers"].items()}
                 # Keep reading its logs, or a full pipe would block the peer's event loop.
                 threading.Thread(target=lambda: [None for _ in stream], daemon=True).start()
                 return str(record["carriers"]["hgc"])
@@ -457,13 +459,14 @@ max_queue_depth = {max_queue_depth}
 """
 
 
-def pools_toml(max_queue_depth: int = 4096) -> str:
+def pools_toml(max_queue_depth: int = 4096, every_class: bool = False) -> str:
+    """The pools (POOLS; ``every_class``: each taking every priority class, none kept for some)."""
     parts = [
         pool_toml(
             name,
             tier,
             ["rank-mlp", "text-encoder", "image-classifier"],
-            priorities=priorities,
+            priorities='["realtime", "interactive", "batch"]' if every_class else priorities,
             max_queue_depth=max_queue_depth,
         )
         for name, tier, priorities in POOLS
@@ -487,9 +490,11 @@ def start_gateway(
     extra_toml: str = "",
     backend_options: str = "",
     max_queue_depth: int = 4096,
+    every_class: bool = False,
 ) -> Peer:
     """A gateway on this config (``extra_toml`` appended: more pools or models; ``backend_options``: TOML
-    lines of the backend's section; ``max_queue_depth``: each pool's); ``tree``: run the code of that
+    lines of the backend's section; ``max_queue_depth``: each pool's; ``every_class``: every pool takes
+    every priority class); ``tree``: run the code of that
     checkout (cwd and PYTHONPATH set to it, e.g. the code before a change) instead of this one's."""
     models = workdir / "models"
     if not models.exists():
@@ -502,7 +507,7 @@ def start_gateway(
             backend=backend,
             models=models,
             backend_options=backend_options,
-            pools=pools_toml(max_queue_depth),
+            pools=pools_toml(max_queue_depth, every_class),
         )
         + extra_toml
     )

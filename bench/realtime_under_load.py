@@ -39,10 +39,18 @@ come first served; since 2026-12-06 (night) queued up to that agent's fair share
 pushed out: gateway/dispatch/admission.py). The load counts OK answers only; its refusals and the answers
 OVERLOADED it got for requests pushed out are columns of their own.
 
+``--own-flood`` makes the load the lone requests' own agent (agent ``bench``, on a second carrier, as an
+agent connects to each of a gateway's carriers): every request of its frames, and the frames, batch, a
+region's prefetch beside its page renders; every pool then takes every priority class (none is kept
+for realtime requests, as bench/gateway_bench.py's mig pool is). With ``--queue-depth`` and a simulated
+device the flood fills the pools, and this shows what the agent's own realtime requests get then
+(refused OVERLOADED first, the agent being alone and so at its fair share; since 2026-12-06 (late),
+queued in the place of its newest batch requests: gateway/dispatch/admission.py ``preempt``).
+
 Loopback only (re-run inside ``unshare --net`` as root); every loop is bounded in count and time.
 ``--write`` puts the table into docs/BENCHMARKS.md (section ``realtime-under-load``, or
 ``interactive-beside-a-flood`` with ``--lone interactive``, ``beside-a-flood-slow-backend`` with a simulated
-device).
+device, ``beside-a-flood-full-queues`` with ``--queue-depth``, ``beside-its-own-flood`` with ``--own-flood``).
 """
 
 from __future__ import annotations
@@ -74,6 +82,12 @@ LONE: Final = {"realtime": pb.PRIORITY_CLASS_REALTIME, "interactive": pb.PRIORIT
 LOAD_RATE_MAX: Final = 40_000  # records/s the load's frames are built for (it stops when they run out)
 QUEUE_DEPTH: Final = 4096  # each pool's max_queue_depth unless --queue-depth (bench/gateway_bench.py's)
 LEAD_S: Final = 1.0  # the load runs this long before the realtime phase starts
+OWN_CARRIER: Final = "pccw"  # --own-flood: the carrier the flood comes on (the lone requests: hgc)
+SECOND_CARRIER: Final = f"""
+[[carriers]]
+name = "{OWN_CARRIER}"
+bind = "tcp://127.0.0.1:*"
+"""
 
 
 @dataclass
@@ -94,11 +108,14 @@ class Phase:
 
 @dataclass(frozen=True)
 class Load:
-    """The load beside the lone requests: its process's nice value, its frames in flight, its agent ids."""
+    """The load beside the lone requests: its process's nice value, its frames in flight, its agent ids;
+    ``own``: the lone requests' agent's own batch flood instead (every request and frame batch, from the
+    lone driver's agent id, on a second carrier: an agent's connections to one gateway, one per carrier)."""
 
     nice: int = 19
     window: int = WINDOW
     agents: int = 8
+    own: bool = False
 
 
 def load_agent(
@@ -116,10 +133,19 @@ def load_agent(
     os.nice(load.nice)
     requests = copies(mixed_requests(2, 40))
     for request in requests:  # a loading agent's traffic: interactive and batch, none realtime
-        if request.priority == pb.PRIORITY_CLASS_REALTIME:
+        if load.own:
+            request.priority = pb.PRIORITY_CLASS_BATCH
+        elif request.priority == pb.PRIORITY_CLASS_REALTIME:
             request.priority = pb.PRIORITY_CLASS_INTERACTIVE
     # Encoded as INTERACTIVE frames: an agent's envelope names its most urgent request's class.
-    built = spread(prebuild(requests, frames), load.agents)
+    built = prebuild(requests, frames)
+    if load.own:  # the lone driver's agent ("bench", prebuild's), its prefetch in BATCH frames
+        codec = FrameCodec()
+        built = [
+            codec.reframe(pb.Envelope.FromString(f[0]), f[1], priority=pb.PRIORITY_CLASS_BATCH) for f in built
+        ]
+    else:
+        built = spread(built, load.agents)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -128,6 +154,7 @@ def load_agent(
     ready.set()
     go.wait(60)
     answered = refused = pushed = sent = in_flight = 0
+    took = 0.0  # the timed part's seconds, once over
     start = time.monotonic()
     end = start + seconds
     try:
@@ -145,12 +172,24 @@ def load_agent(
                         answered += 1
                     elif response.status == pb.STATUS_OVERLOADED:
                         pushed += 1
-                in_flight -= len(payload.responses)
+                nacked = sum(len(ack.nacks) for ack in payload.acks)  # Acks riding with answers
+                refused += nacked
+                in_flight -= len(payload.responses) + nacked
             elif isinstance(payload, pb.Ack):
                 refused += len(payload.nacks)
                 in_flight -= len(payload.nacks)
+        took = time.monotonic() - start
+        # Its answers still coming are read (not counted) before the socket closes: the gateway would send
+        # them on the agent's other route (the lone driver's, with --own-flood) once this one is gone.
+        drain_end = time.monotonic() + 15.0
+        while in_flight > 0 and time.monotonic() < drain_end and sock.poll(500):
+            payload = codec.decode(sock.recv_multipart()).payload
+            if isinstance(payload, pb.ResponseBatch):
+                in_flight -= len(payload.responses) + sum(len(ack.nacks) for ack in payload.acks)
+            elif isinstance(payload, pb.Ack):
+                in_flight -= len(payload.nacks)
     finally:
-        out.put((answered, refused, pushed, time.monotonic() - start))
+        out.put((answered, refused, pushed, took or time.monotonic() - start))
         sock.close(0)
         ctx.term()
 
@@ -168,8 +207,9 @@ def loaded_run(
     context = multiprocessing.get_context("spawn")
     ready, go, out = context.Event(), context.Event(), context.Queue()
     frames = int(LOAD_RATE_MAX * (seconds + LEAD_S + 1.0) / 100)
+    endpoint = peer.endpoints[OWN_CARRIER] if load.own else peer.endpoint
     process = context.Process(
-        target=load_agent, args=(peer.endpoint, frames, seconds + LEAD_S, load, ready, go, out)
+        target=load_agent, args=(endpoint, frames, seconds + LEAD_S, load, ready, go, out)
     )
     process.start()
     try:
@@ -219,8 +259,10 @@ def measure(
                 peer = start_tree(
                     tree,
                     Path(tmp) / f"{tree.label}-{repeat}",
+                    extra_toml=SECOND_CARRIER if load.own else "",
                     backend_options=backend_options,
                     max_queue_depth=max_queue_depth,
+                    every_class=load.own,
                 )
                 try:
                     lone_run(peer, [], requests, rate, 1.0, lone)  # warm-up
@@ -266,7 +308,11 @@ def render(results: dict[str, dict[str, Phase]], trees: list[Tree], args: argpar
     realtime = args.lone == "realtime"
     options = "" if realtime else f" --lone {args.lone}"
     if args.load_window != WINDOW or args.load_agents != Load.agents:
-        options += f" --load-window {args.load_window} --load-agents {args.load_agents}"
+        options += f" --load-window {args.load_window}"
+        if not args.own_flood:  # the lone requests' agent is the load's
+            options += f" --load-agents {args.load_agents}"
+    if args.own_flood:
+        options += " --own-flood"
     if args.queue_depth != QUEUE_DEPTH:
         options += f" --queue-depth {args.queue_depth}"
     simulated = args.simulated_call_ms > 0 or args.simulated_row_us > 0
@@ -281,7 +327,19 @@ def render(results: dict[str, dict[str, Phase]], trees: list[Tree], args: argpar
             "a GPU cannot run here), so the backend bounds the load and the pools' queues fill."
         )
     agents = "1 other agent" if args.load_agents == 1 else f"{args.load_agents} other agents"
-    if args.queue_depth != QUEUE_DEPTH:
+    load_is = f"interactive and batch requests in flight from {agents}"
+    if args.own_flood:
+        load_is = (
+            "batch requests (frames marked batch) in flight from the lone requests' own agent, on a second "
+            "carrier (one agent carries its region's page renders and its prefetch alike)"
+        )
+    if args.own_flood:
+        title = "## An agent's realtime requests beside its own batch flood that fills the pools (priority)"
+        device += (
+            f" Each pool's queue holds {args.queue_depth} requests and takes every priority class (none "
+            "kept for realtime requests), so the flood fills every pool that could take the lone requests."
+        )
+    elif args.queue_depth != QUEUE_DEPTH:
         title = "## One agent's requests beside another's flood that fills the pools (fair admission)"
         device += (
             f" Each pool's queue holds {args.queue_depth} requests, so the flood fills every pool that "
@@ -302,7 +360,7 @@ def render(results: dict[str, dict[str, Phase]], trees: list[Tree], args: argpar
             f"--write` ({stamp()}; {machine()}).",
             f"Lone {args.lone} requests from one agent (one per frame), open loop, alone and while a load "
             f"process (nice {args.load_nice}) keeps {args.load_window} frames of 100",
-            f"interactive and batch requests in flight from {agents}; each tree in turn, latencies",
+            f"{load_is}; each tree in turn, latencies",
             "pooled over the repeats. The gateway's part: its answers' `timing.total_us`, from the frame's",
             "read to the reply (the old code: from its decode; a frame unread in ZeroMQ is outside it); of",
             "it, the wait in a pool's queue (the answers' `timing.queue_us`: its queueing to its batch)."
@@ -342,6 +400,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--simulated-call-ms", type=float, default=0.0, help="the null backend's call time")
     parser.add_argument("--simulated-row-us", type=float, default=0.0, help="... and its time per row")
     parser.add_argument("--queue-depth", type=int, default=QUEUE_DEPTH, help="each pool's max_queue_depth")
+    parser.add_argument(
+        "--own-flood", action="store_true", help="the load: the lone requests' own agent's batch requests"
+    )
     parser.add_argument("--write", action="store_true", help="update docs/BENCHMARKS.md")
     parser.add_argument("--dump", type=Path, help="write every latency (ms) per tree and phase as JSON")
     args = parser.parse_args(argv)
@@ -350,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         return code
     args.old, args.new = args.old.resolve(), args.new.resolve()
     trees = [Tree("old", args.old), Tree("new", args.new)]
-    load = Load(args.load_nice, args.load_window, args.load_agents)
+    load = Load(args.load_nice, args.load_window, args.load_agents, args.own_flood)
     simulated = args.simulated_call_ms > 0 or args.simulated_row_us > 0
     call_s, row_s = args.simulated_call_ms / 1e3, args.simulated_row_us / 1e6
     backend_options = f"simulated_call_s = {call_s!r}\nsimulated_row_s = {row_s!r}" if simulated else ""
@@ -376,7 +437,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     if args.write:
-        if args.queue_depth != QUEUE_DEPTH:
+        if args.own_flood:
+            section = "beside-its-own-flood"
+        elif args.queue_depth != QUEUE_DEPTH:
             section = "beside-a-flood-full-queues"
         elif simulated:
             section = "beside-a-flood-slow-backend"

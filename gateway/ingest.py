@@ -24,7 +24,7 @@ from gateway.capture.recorder import CaptureRecorder
 from gateway.config import GatewayConfig
 from gateway.dedupe import DedupeWindow, RequestState, ResponseCache
 from gateway.dispatch.pool import PoolDispatcher
-from gateway.dispatch.work import SMALL_FRAME, WorkItem
+from gateway.dispatch.work import LEAST_URGENT, PRIORITY_ORDER, SMALL_FRAME, WorkItem
 from gateway.frames.answers import TIER_WIRE, ResponseHeads
 from gateway.frames.groups import Screened
 from gateway.frames.route import Routed, route_frame
@@ -105,14 +105,22 @@ class _LiveSignals(Mapping[str, PoolSignals]):
     """Every pool's signals at one moment, each read when routing first asks for it: a lone request's
     decision reads only the pools its plan names. Routing is done before anything is queued, so a pool
     read later in the frame's routing reads what it would have read first. With ``agent``: as that agent's
-    requests may have them, a full queue taking them up to its fair share (PoolDispatcher.signals_for)."""
+    requests of priority lane ``lane`` may have them, a full queue taking them in the place of less urgent
+    requests or up to the agent's fair share (PoolDispatcher.signals_for)."""
 
-    __slots__ = ("_agent", "_now", "_pools", "_read")
+    __slots__ = ("_agent", "_lane", "_now", "_pools", "_read")
 
-    def __init__(self, pools: Mapping[str, PoolDispatcher], now: float, agent: str | None = None) -> None:
+    def __init__(
+        self,
+        pools: Mapping[str, PoolDispatcher],
+        now: float,
+        agent: str | None = None,
+        lane: int = LEAST_URGENT,
+    ) -> None:
         self._pools = pools
         self._now = now
         self._agent = agent
+        self._lane = lane
         self._read: dict[str, PoolSignals] = {}
 
     def __getitem__(self, name: str) -> PoolSignals:
@@ -120,7 +128,10 @@ class _LiveSignals(Mapping[str, PoolSignals]):
         if found is None:
             pool = self._pools[name]
             agent = self._agent
-            found = pool.signals(self._now) if agent is None else pool.signals_for(agent, self._now)
+            if agent is None:
+                found = pool.signals(self._now)
+            else:
+                found = pool.signals_for(agent, self._now, self._lane)
             self._read[name] = found
         return found
 
@@ -477,20 +488,27 @@ class Ingest:
     ) -> None:
         """Route the screened requests per group (gateway/frames/route.py) and queue each group as one
         slice of its pool's queue; nack what routing or a full queue refuses. Requests refused only because
-        every pool that could serve them is full are routed once more as the agent's fair share of full
-        queues sees the pools: another agent's flood that fills a queue does not refuse this agent's
-        requests, it gives up its newest ones to them (gateway/dispatch/admission.py). ``small``: the
-        frame holds few requests (WorkItem.small; counted before screening: a frame of 100 mostly
-        duplicates is not small)."""
+        every pool that could serve them is full are routed once more, per priority class (the most urgent
+        first), as full queues are for them: one holding less urgent requests takes them in their place,
+        and another agent's flood that fills a queue gives up its newest requests to this agent's up to its
+        fair share (gateway/dispatch/admission.py). ``small``: the frame holds few requests
+        (WorkItem.small; counted before screening: a frame of 100 mostly duplicates is not small)."""
         policy = self._policy.policy
         routed = route_frame(policy, screened, frame.region, _LiveSignals(self._pools, now))
         full = self._queue_routed(frame, screened, routed, now, ack, spans, small, last=False)
-        if full:
-            again = screened.subset(full)
-            signals = _LiveSignals(self._pools, now, frame.agent_id)
+        if not full:
+            return
+        by_lane: dict[int, list[int]] = {}
+        priorities = screened.priorities
+        for index in full:
+            by_lane.setdefault(PRIORITY_ORDER[priorities[index]], []).append(index)
+        for lane in sorted(by_lane):
+            indices = by_lane[lane]
+            again = screened.subset(indices)
+            signals = _LiveSignals(self._pools, now, frame.agent_id, lane)
             routed = route_frame(policy, again, frame.region, signals)
-            spans = None if spans is None else [spans[i] for i in full]
-            self._queue_routed(frame, again, routed, now, ack, spans, small, last=True)
+            part = None if spans is None else [spans[i] for i in indices]
+            self._queue_routed(frame, again, routed, now, ack, part, small, last=True)
 
     def _queue_routed(
         self,
@@ -506,10 +524,15 @@ class Ingest:
     ) -> list[int]:
         """Queue (or nack) each routed group; unless ``last``, the requests refused because every pool was
         full are left for :meth:`_route` to try again (their indices, in frame order) where some full pool
-        would take this agent's requests past its flood."""
+        would take them in the place of others."""
         full: list[int] = []
+        priorities = screened.priorities
         for decision, members in routed:
-            if not last and decision.reason is Reason.REJECT_OVERLOADED and self._shares_full(frame.agent_id):
+            if (
+                not last
+                and decision.reason is Reason.REJECT_OVERLOADED
+                and self._makes_room(frame.agent_id, min(PRIORITY_ORDER[priorities[i]] for i in members))
+            ):
                 full.extend(members)
                 continue
             self._decisions_made[(decision.tier, decision.pool, decision.reason)] += len(members)
@@ -533,9 +556,10 @@ class Ingest:
                 )
         return sorted(full)
 
-    def _shares_full(self, agent: str) -> bool:
-        """Whether some full pool queue would take ``agent``'s requests by pushing out another agent's."""
-        return any(pool.pushes_out_for(agent) for pool in self._pools.values())
+    def _makes_room(self, agent: str, lane: int) -> bool:
+        """Whether some full pool queue would take ``agent``'s requests of priority lane ``lane`` (or less
+        urgent) by pushing out others (PoolDispatcher.pushes_out_for)."""
+        return any(pool.pushes_out_for(agent, lane) for pool in self._pools.values())
 
     def _items(
         self,

@@ -11,12 +11,22 @@ answered OVERLOADED with the gateway's retry-after: the agent resends them later
 halves (edge_agent/uplink/pacing.py), so a flooding agent settles at its share. An agent alone, or at or
 over its share, is admitted only into free room, as before.
 
+A more urgent request also takes the place of less urgent ones, whoever holds them: the lanes serve a
+pool's realtime requests before its interactive ones and those before its batch ones, so a queue full of
+batch requests is served after anything more urgent anyway, and refusing a realtime request for room they
+hold inverts the priorities. An agent's own batch flood (one agent carries its whole region's traffic,
+page renders and prefetch alike) refused that agent's realtime requests whatever the fair share said, as
+it was always at its share. Such a request is admitted where the queue's free room and the requests of
+the less urgent lanes make room for it (:func:`preempt`: the least urgent lane first, in it the agents
+holding the most first, each one's newest first); those leave answered OVERLOADED with the retry-after,
+as above. Where they do not make the room, the fair share decides, as above.
+
 Pure: the agents' queued counts in, numbers out; the pool applies them (gateway/dispatch/pool.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 
 def fair_share(held: Mapping[str, int], agent: str, capacity: int) -> int:
@@ -59,18 +69,43 @@ def push_out(
         if sum(limits.values()) < need:
             return None
         counts = {other: share + limit for other, limit in limits.items() if limit > 0}
+    out, left = _level(counts, need, share)
+    if left > 0:
+        raise ValueError(f"no room for {need} more of agent {agent}'s requests: room() did not admit them")
+    return out
+
+
+def preempt(lower: Sequence[Mapping[str, int]], need: int) -> list[tuple[int, str, int]] | None:
+    """Whose requests of the lanes less urgent than a newcomer's leave, to make room for ``need`` more of
+    its requests: ``lower`` holds each such lane's requests per agent, the least urgent lane first. That
+    lane first; within a lane the agents holding the most first, each cut down towards the next (as
+    :func:`push_out`), whatever their share. Each as (index into ``lower``, agent, how many); None when
+    they do not make the room (nothing is to leave then)."""
+    if sum(sum(counts.values()) for counts in lower) < need:
+        return None
+    out: list[tuple[int, str, int]] = []
+    for index, counts in enumerate(lower):
+        if need <= 0:
+            break
+        taken, need = _level({agent: n for agent, n in counts.items() if n > 0}, need, 0)
+        out.extend((index, agent, n) for agent, n in taken)
+    return out
+
+
+def _level(counts: dict[str, int], need: int, floor: int) -> tuple[list[tuple[str, int]], int]:
+    """Up to ``need`` taken from ``counts`` (agents holding more than ``floor``), the one holding the most
+    first, cut down towards the next, then both in turn; none below ``floor``. What each gives, and how
+    many of ``need`` are left (``counts`` is used up)."""
     out: dict[str, int] = {}
     while need > 0 and counts:
         ranked = sorted(counts.items(), key=lambda entry: -entry[1])
         top, most = ranked[0]
-        floor = max(share, ranked[1][1] if len(ranked) > 1 else share)
-        take = min(need, max(1, most - floor))  # down to the next one, then both in turn
+        below = max(floor, ranked[1][1] if len(ranked) > 1 else floor)
+        take = min(need, max(1, most - below))  # down to the next one, then both in turn
         out[top] = out.get(top, 0) + take
         need -= take
-        if most - take > share:
+        if most - take > floor:
             counts[top] = most - take
         else:
             del counts[top]
-    if need > 0:
-        raise ValueError(f"no room for {need} more of agent {agent}'s requests: room() did not admit them")
-    return list(out.items())
+    return list(out.items()), need

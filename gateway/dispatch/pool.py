@@ -32,7 +32,7 @@ from gateway.dispatch.breaker import BreakerState, CircuitBreaker
 from gateway.dispatch.cpu import CpuStage, CpuTaskFailed
 from gateway.dispatch.eager import start_eagerly
 from gateway.dispatch.lanes import Lane, ModelQueue
-from gateway.dispatch.work import PRIORITY_ORDER, WorkItem
+from gateway.dispatch.work import LEAST_URGENT, PRIORITY_ORDER, WorkItem
 from gateway.ops.metrics import GatewayMetrics
 from inference.backends.base import (
     Backend,
@@ -224,20 +224,34 @@ class PoolDispatcher:
             )
         return last
 
-    def _room(self, agent: str) -> int:
-        """How many of ``agent``'s requests the queue takes now (gateway/dispatch/admission.py)."""
+    def _room(self, agent: str, lane: int) -> int:
+        """How many of ``agent``'s requests of priority lane ``lane`` the queue takes now: its fair share
+        or the free room and the less urgent lanes' requests, whichever is more
+        (gateway/dispatch/admission.py)."""
+        fair = self._fair_room(agent)
+        if lane >= LEAST_URGENT:
+            return fair
+        return max(fair, self.max_queue_depth - self._depth + self._lower(lane))
+
+    def _fair_room(self, agent: str) -> int:
+        """How many of ``agent``'s requests the queue takes up to its fair share (admission.room)."""
         return admission.room(self._held, agent, self._depth, self.max_queue_depth)
 
-    def pushes_out_for(self, agent: str) -> bool:
-        """Whether the queue takes more of ``agent``'s requests than it has free room for, pushing other
-        agents' out (:meth:`submit_many`)."""
-        return self._room(agent) > self.max_queue_depth - self._depth
+    def _lower(self, lane: int) -> int:
+        """How many requests are queued in the lanes less urgent than ``lane``."""
+        return sum(lower.count for queue in self._queues.values() for lower in queue.lanes[lane + 1 :])
 
-    def signals_for(self, agent: str, now: float) -> PoolSignals:
-        """:meth:`signals` as routing sees them for ``agent``'s requests: a full queue that would push other
-        agents' requests out for its own (:meth:`submit_many`) is as deep as leaves room for them."""
+    def pushes_out_for(self, agent: str, lane: int = LEAST_URGENT) -> bool:
+        """Whether the queue takes more of ``agent``'s requests of priority lane ``lane`` than it has free
+        room for, pushing others out (:meth:`submit_many`)."""
+        return self._room(agent, lane) > self.max_queue_depth - self._depth
+
+    def signals_for(self, agent: str, now: float, lane: int = LEAST_URGENT) -> PoolSignals:
+        """:meth:`signals` as routing sees them for ``agent``'s requests of priority lane ``lane``: a full
+        queue that would push others out for them (:meth:`submit_many`) is as deep as leaves room for
+        them."""
         signals = self.signals(now)
-        depth = self.max_queue_depth - self._room(agent)
+        depth = self.max_queue_depth - self._room(agent, lane)
         return signals if depth >= self._depth else replace(signals, queue_depth=depth)
 
     # ------------------------------------------------------------------ intake
@@ -249,15 +263,17 @@ class PoolDispatcher:
 
     def submit_many(self, items: list[WorkItem], now: float) -> bool:
         """Queue a slice of a frame: requests of one frame with one model, version and priority, in frame
-        order; all or none (False: the queue has no room for all of them, or the pool is stopping). A full
-        queue takes them up to their agent's fair share, pushing other agents' newest requests out
-        (:meth:`_push_out`)."""
+        order; all or none (False: the queue has no room for all of them, or the pool is stopping). In a
+        full queue they take the place of less urgent requests (:meth:`_preempt`), else they are taken up
+        to their agent's fair share, pushing other agents' newest requests out (:meth:`_push_out`)."""
         if self._stopped:
             return False
         first = items[0]
         lane = PRIORITY_ORDER[first.priority]
         over = self._depth + len(items) - self.max_queue_depth
-        if over > 0 and not self._push_out(first.agent_id, len(items), over, lane):
+        if over > 0 and not (
+            self._preempt(over, lane) or self._push_out(first.agent_id, len(items), over, lane)
+        ):
             return False
         model, version = first.model, first.version
         padded = self._pads(first)
@@ -288,39 +304,65 @@ class PoolDispatcher:
         then realtime, each lane's newest first (a request whose deadline has passed is answered
         DEADLINE_EXCEEDED instead). False, and nothing done, when the agent's share does not stretch that
         far or the others' requests over their shares are more urgent than these."""
-        if self._room(agent) < n:
+        if self._fair_room(agent) < n:
             return False
         victims = admission.push_out(self._held, agent, need, self.max_queue_depth, self._held_from(lane))
         if victims is None:
             return False
-        shed = self._metrics.child(self._metrics.shed, self.name, "pushed_out")
-        message = (
-            f"pool {self.name}'s queue is full and this agent held more than its share of it: "
-            "pushed out for another agent's requests; resend"
-        )
-        now = time.monotonic()
+        dropped: list[WorkItem] = []
         for victim, count in victims:
-            dropped = self._drop_newest(victim, count, lane)
-            live = self._unexpired(dropped, now)
-            shed.inc(len(live))
-            for item in live:
-                self._answer_status(item, "OVERLOADED", message)
+            dropped.extend(self._drop_newest(victim, count, lane))
+        self._shed(
+            dropped, "pushed_out", "for another agent's requests, as this agent held more than its share"
+        )
         return True
+
+    def _preempt(self, need: int, lane: int) -> bool:
+        """Make room for requests of priority lane ``lane``, ``need`` more than the queue has free, by
+        answering OVERLOADED (or DEADLINE_EXCEEDED) the newest requests of the less urgent lanes, whoever's:
+        the least urgent lane first, in it the agents holding the most first (admission.preempt). False, and
+        nothing done, when those lanes do not hold that many."""
+        if lane >= LEAST_URGENT or self._lower(lane) < need:
+            return False
+        lanes = range(LEAST_URGENT, lane, -1)
+        plan = admission.preempt([self._held_in(lower, lower) for lower in lanes], need)
+        if plan is None:  # the counts above say it is not (the lanes' own counts and their agents' agree)
+            return False
+        dropped: list[WorkItem] = []
+        for index, agent, count in plan:
+            dropped.extend(self._drop_newest(agent, count, lanes[index], lanes[index]))
+        self._shed(dropped, "preempted", "for more urgent requests")
+        return True
+
+    def _shed(self, dropped: list[WorkItem], reason: str, why: str) -> None:
+        """Answer requests pushed out of the queue: OVERLOADED (``reason``: hkgw_shed_total's), or
+        DEADLINE_EXCEEDED where their deadline has passed."""
+        live = self._unexpired(dropped, time.monotonic())
+        self._metrics.child(self._metrics.shed, self.name, reason).inc(len(live))
+        message = f"pool {self.name}'s queue is full: pushed out {why}; resend"
+        for item in live:
+            self._answer_status(item, "OVERLOADED", message)
 
     def _held_from(self, lane: int) -> dict[str, int]:
         """Each agent's requests queued in priority lane ``lane`` and the less urgent ones."""
+        return self._held_in(lane, LEAST_URGENT)
+
+    def _held_in(self, most_urgent: int, least_urgent: int) -> dict[str, int]:
+        """Each agent's requests queued in priority lanes ``most_urgent`` to ``least_urgent``."""
         counts: dict[str, int] = {}
         for queue in self._queues.values():
-            for less_urgent in queue.lanes[lane:]:
+            for less_urgent in queue.lanes[most_urgent : least_urgent + 1]:
                 for agent, queued in less_urgent.queued_by_agent():
                     counts[agent] = counts.get(agent, 0) + queued
         return counts
 
-    def _drop_newest(self, agent: str, n: int, most_urgent: int) -> list[WorkItem]:
-        """Remove ``n`` of ``agent``'s queued requests from lane ``most_urgent`` and less urgent ones: its
+    def _drop_newest(
+        self, agent: str, n: int, most_urgent: int, least_urgent: int = LEAST_URGENT
+    ) -> list[WorkItem]:
+        """Remove ``n`` of ``agent``'s queued requests from lanes ``most_urgent`` to ``least_urgent``: its
         least urgent lane first; within a lane, the queue with its newest slice first, newest first."""
         dropped: list[WorkItem] = []
-        for lane in range(2, most_urgent - 1, -1):
+        for lane in range(least_urgent, most_urgent - 1, -1):
             holding: list[tuple[float, Lane]] = []  # the agent's newest slice's time in each queue's lane
             for queue in self._queues.values():
                 newest = queue.lanes[lane].newest(agent)

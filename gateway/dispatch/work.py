@@ -11,6 +11,8 @@ from routing.types import Decision, Priority
 SMALL_FRAME: Final = 8
 """At most this many requests make a frame small: a lone request, a caller's few (a flood: tens, hundreds)."""
 PRIORITY_ORDER: dict[Priority, int] = {Priority.REALTIME: 0, Priority.INTERACTIVE: 1, Priority.BATCH: 2}
+LEAST_URGENT: Final = 2
+"""The batch lane (PRIORITY_ORDER's): no lane is less urgent."""
 WIRE_PRIORITY: dict[Priority, pb.PriorityClass.ValueType] = {
     Priority.REALTIME: pb.PRIORITY_CLASS_REALTIME,
     Priority.INTERACTIVE: pb.PRIORITY_CLASS_INTERACTIVE,

@@ -1,5 +1,6 @@
 """Sharing a full pool queue between agents (gateway/dispatch/admission.py): an agent under its fair share
-is admitted by pushing out the newest requests of the agents over theirs, the heaviest first."""
+is admitted by pushing out the newest requests of the agents over theirs, the heaviest first; a more
+urgent request takes the place of less urgent ones, the least urgent lane first."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.dispatch.admission import fair_share, push_out, room
+from gateway.dispatch.admission import fair_share, preempt, push_out, room
 
 
 def test_an_agent_alone_gets_only_the_free_room() -> None:
@@ -75,3 +76,40 @@ def test_push_out_takes_only_what_may_be_moved() -> None:
     held = {"a": 30, "b": 10}  # shares of 13 with c: only a is over
     assert push_out(held, "c", 6, 40, movable={"a": 4, "b": 10}) is None
     assert push_out(held, "c", 6, 40, movable={"a": 17}) == [("a", 6)]
+
+
+def test_preempt_empties_the_least_urgent_lane_first_its_heaviest_agent_first() -> None:
+    """Lanes least urgent first: batch (a 6, b 2), then interactive (a 4). 5 go: a down to b's 2 in the
+    batch lane, then both in turn; 9 go: the batch lane's 8, then one of the interactive lane's."""
+    lower = [{"a": 6, "b": 2}, {"a": 4}]
+    assert preempt(lower, 5) == [(0, "a", 5)]
+    taken = preempt(lower, 7)
+    assert taken is not None and sorted(taken) == [(0, "a", 6), (0, "b", 1)]
+    assert preempt(lower, 9) == [(0, "a", 6), (0, "b", 2), (1, "a", 1)]
+    assert preempt(lower, 13) is None  # they hold 12
+    assert preempt([{}, {"a": 0}], 1) is None
+    assert lower == [{"a": 6, "b": 2}, {"a": 4}]  # the caller's counts are left as they were
+
+
+@given(
+    st.lists(
+        st.dictionaries(st.sampled_from("abcd"), st.integers(0, 30), max_size=4), min_size=1, max_size=2
+    ),
+    st.integers(1, 150),
+)
+def test_preempt_takes_exactly_what_is_needed_lane_by_lane(lower: list[dict[str, int]], need: int) -> None:
+    plan = preempt(lower, need)
+    held = sum(sum(counts.values()) for counts in lower)
+    if held < need:
+        assert plan is None
+        return
+    assert plan is not None
+    assert sum(n for _, _, n in plan) == need
+    taken: dict[tuple[int, str], int] = {}
+    for index, agent, n in plan:
+        assert n > 0
+        taken[(index, agent)] = taken.get((index, agent), 0) + n
+    assert all(n <= lower[index][agent] for (index, agent), n in taken.items())
+    for index, counts in enumerate(lower[:-1]):  # a lane is touched only once every less urgent one is empty
+        if any(later == index + 1 for later, _ in taken):
+            assert all(taken.get((index, agent), 0) == n for agent, n in counts.items())

@@ -139,7 +139,9 @@ async def test_flood_is_shed_with_overloaded_and_bounded_queues(
     models_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A flood beyond the pools' queues is nacked OVERLOADED with a retry-after; queues stay bounded and
-    no pool has more batches at the backend than its concurrency."""
+    no pool has more batches at the backend than its concurrency. Every accepted request is answered: OK,
+    or (a less urgent one whose place in a full queue a more urgent one took) OVERLOADED with a
+    retry-after, counted as preempted."""
     async with run_gateway(
         models_dir=models_dir, **split_backends(models_dir, queue_depth=16, concurrency=1)
     ) as gw:
@@ -147,11 +149,13 @@ async def test_flood_is_shed_with_overloaded_and_bounded_queues(
             backend(gw, name).delay_s = 0.02
         peaks = Peaks(gw, monkeypatch)
         base = synthetic(100, seed=13)
+        frames = [fresh_requests(base, budget_s=30) for _ in range(20)]
         async with WireClient(gw.endpoint("hgc")) as agent:
-            message_ids = [await agent.send(fresh_requests(base, budget_s=30)) for _ in range(20)]
+            message_ids = [await agent.send(frame) for frame in frames]
             acks = [await agent.wait_ack(m) for m in message_ids]
             accepted = [rid for ack in acks for rid in ack.accepted_ids]
             await agent.wait_responses(accepted, timeout_s=60)
+        preempted_total = sum(sample(gw, "hkgw_shed_total", pool=p, reason="preempted") for p in gw.pools)
     nacks = [n for ack in acks for n in ack.nacks]
     assert len(accepted) + len(nacks) == 2000
     assert nacks
@@ -159,7 +163,16 @@ async def test_flood_is_shed_with_overloaded_and_bounded_queues(
     assert peaks.calls > 0
     assert 0 < peaks.depth <= 16
     assert peaks.inflight == 1  # concurrency = 1: batches wait for the one at the backend
-    assert all(agent.responses[rid].status == pb.STATUS_OK for rid in accepted)
+    priority = {r.request_id: r.priority for frame in frames for r in frame}
+    preempted = [agent.responses[rid] for rid in accepted if agent.responses[rid].status != pb.STATUS_OK]
+    assert len(preempted) == preempted_total
+    assert all(
+        r.status == pb.STATUS_OVERLOADED
+        and r.retry_after_ms > 0
+        and "for more urgent requests" in r.error_message
+        and priority[r.request_id] != pb.PRIORITY_CLASS_REALTIME
+        for r in preempted
+    )
 
 
 async def test_deadline_passing_in_queue_is_answered_deadline_exceeded(models_dir: Path) -> None:
@@ -594,3 +607,57 @@ async def test_a_full_queue_takes_another_agents_requests_by_pushing_out_the_flo
     assert {r.pool for r in served[:4]} == {"cpu"}  # queued where they were routed, not spilled
     assert sample(gw, "hkgw_shed_total", pool="cpu", reason="pushed_out") == 4
     assert not more.accepted_ids
+
+
+async def test_a_full_queue_of_batch_requests_takes_the_same_agents_more_urgent_ones_in_their_place(
+    models_dir: Path,
+) -> None:
+    """One agent's batch requests fill the CPU pool's queue (16) while its first batch's call holds, and no
+    other pool can take text (the GPU backend is down). The same agent's realtime request, then its
+    interactive ones, are queued all the same, each in the place of the newest batch request, which is
+    answered OVERLOADED with a retry-after (gateway/dispatch/admission.py: preempt). Before, an agent is
+    always at its own share, so its batch flood refused its realtime requests. A further batch request
+    still finds the queue full, and the realtime request is served first when the call is let go."""
+    overrides = one_text_queue(models_dir, batch=8, delay_us=3_600_000_000)
+    for pool in overrides["routing"]["pools"]:
+        pool["max_queue_depth"] = 16
+    flood, lone = flood_and_lone(30, seed=71)
+    for request in flood:
+        request.priority = pb.PRIORITY_CLASS_BATCH
+    urgent = fresh_requests(lone, budget_s=30)
+    urgent[0].priority = pb.PRIORITY_CLASS_REALTIME
+    interactive = fresh_requests(lone * 2, budget_s=30)
+    async with (
+        run_gateway(models_dir=models_dir, **overrides) as gw,
+        WireClient(gw.endpoint("hgc"), agent_id="a1") as agent,
+    ):
+        embedded, cpu = backend(gw, "embedded"), gw.pools["cpu"]
+        embedded.gate, embedded.inputs = asyncio.Event(), []
+        backend(gw, "gpu").healthy = False
+        batch = pb.PRIORITY_CLASS_BATCH
+        assert len((await agent.wait_ack(await agent.send(flood[:8], priority=batch))).accepted_ids) == 8
+        await wait_for(lambda: embedded.calls == 1, what="the first call")
+        assert len((await agent.wait_ack(await agent.send(flood[8:24], priority=batch))).accepted_ids) == 16
+        assert cpu.depth == 16
+        sent = await agent.send(urgent, priority=pb.PRIORITY_CLASS_REALTIME)
+        assert list((await agent.wait_ack(sent)).accepted_ids) == [urgent[0].request_id]
+        ack = await agent.wait_ack(await agent.send(interactive))
+        assert sorted(ack.accepted_ids) == sorted(r.request_id for r in interactive)
+        assert cpu.depth == 16
+        preempted = await agent.wait_responses([r.request_id for r in flood[21:24]], timeout_s=10)
+        more = await agent.wait_ack(await agent.send(flood[24:26], priority=batch))
+        assert [n.reason for n in more.nacks] == [pb.NACK_REASON_OVERLOADED] * 2
+        assert not more.accepted_ids and cpu.depth == 16
+        embedded.gate.set()
+        served = await agent.wait_responses([urgent[0].request_id], timeout_s=20)
+        served += await agent.wait_responses([r.request_id for r in interactive], timeout_s=20)
+        served += await agent.wait_responses([r.request_id for r in flood[:21]], timeout_s=20)
+        calls = embedded.inputs
+    assert all(a.status == pb.STATUS_OVERLOADED and a.retry_after_ms > 0 for a in preempted)
+    assert all("pushed out for more urgent requests" in a.error_message for a in preempted)
+    assert [r.status for r in served] == [pb.STATUS_OK] * 24
+    assert sample(gw, "hkgw_shed_total", pool="cpu", reason="preempted") == 3
+    assert sample(gw, "hkgw_shed_total", pool="cpu", reason="pushed_out") == 0
+    rows, holding = batch_rows(calls)
+    assert [len(batch) for batch in rows] == [8, 8, 8]
+    assert holding == [1], holding  # the realtime and interactive requests in the call after the held one

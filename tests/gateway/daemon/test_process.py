@@ -74,7 +74,8 @@ async def test_notify_ready_watchdog_and_stopping(gateway_process: GatewayProces
 
 
 async def test_sigterm_drains_without_losing_accepted_work(gateway_process: GatewayProcess) -> None:
-    """Every request acknowledged before SIGTERM is answered (served, or handed back retryable); exit 0.
+    """Every request acknowledged before SIGTERM is answered (served, or handed back retryable: drained, or
+    pushed out of a full queue for a more urgent one); exit 0.
     With shards, an agent on each shard: every shard drains its own accepted work."""
     base = synthetic(40, seed=51)
     async with agents_on_every_shard(gateway_process, "hgc") as agents:
@@ -103,9 +104,10 @@ async def test_sigterm_drains_without_losing_accepted_work(gateway_process: Gate
         missing = [rid for rid in accepted if rid not in agent.responses]
         assert not missing, f"{agent.agent_id}: {len(missing)} accepted requests got no answer"
         statuses = {agent.responses[rid].status for rid in accepted}
-        assert statuses <= {pb.STATUS_OK, pb.STATUS_UNAVAILABLE}
+        # OVERLOADED: a less urgent request whose place in a full queue a more urgent one took
+        assert statuses <= {pb.STATUS_OK, pb.STATUS_UNAVAILABLE, pb.STATUS_OVERLOADED}
         for rid in accepted:
-            if agent.responses[rid].status == pb.STATUS_UNAVAILABLE:
+            if agent.responses[rid].status != pb.STATUS_OK:
                 assert agent.responses[rid].retry_after_ms > 0
         nacked = [n for ack in agent.acks.values() for n in ack.nacks]
         assert {n.reason for n in nacked} <= {pb.NACK_REASON_DRAINING, pb.NACK_REASON_OVERLOADED}, nacked[:3]
