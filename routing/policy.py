@@ -15,22 +15,24 @@ from routing.calibration import LatencyCalibrator
 from routing.complexity import ComplexityEstimator
 from routing.config import RoutingConfig
 from routing.plan import PoolSpec, RoutePlan, build_plan
-from routing.types import Decision, PoolSignals, Reason, RequestProfile, Tier
+from routing.types import Decision, PoolSignals, Priority, Reason, RequestProfile, Tier
 
 _PlanKey = tuple[str, str, str, str]
 
 
-def pool_latency(pool: PoolSpec, signals: PoolSignals, service_ref_s: float) -> float:
-    """Estimated time for a request to finish on ``pool``: queue wait plus its own service time.
+def pool_latency(pool: PoolSpec, signals: PoolSignals, service_ref_s: float, priority: Priority) -> float:
+    """Estimated time for a request of class ``priority`` to finish on ``pool``: queue wait plus its own
+    service time.
 
-    ``service_ref_s`` is the request's service time on a speed-1.0 pool. The wait is the queue drained
-    through the pool's concurrency at the pool's observed per-item latency (or the request's own service
-    time while none is observed).
+    ``service_ref_s`` is the request's service time on a speed-1.0 pool. The wait is the part of the queue
+    served before it (:meth:`PoolSignals.waiting_for`: those as urgent or more where the pool serves by
+    class, else all) drained through the pool's concurrency at the pool's observed per-item latency (or the
+    request's own service time while none is observed).
     """
     own = service_ref_s / pool.speed
     per_item = signals.ewma_latency_s if signals.ewma_latency_s > 0.0 else own
     concurrency = signals.concurrency if signals.concurrency > 0 else pool.concurrency
-    return own + signals.queue_depth * per_item / concurrency
+    return own + signals.waiting_for(priority) * per_item / concurrency
 
 
 class Unproven(enum.Enum):
@@ -140,7 +142,7 @@ class TierPolicy:
                 if sig.queue_depth >= pool.max_queue_depth:
                     saturated = True
                     continue
-                est = pool_latency(pool, sig, service_ref)
+                est = pool_latency(pool, sig, service_ref, profile.priority)
                 if est > budget:
                     slow = True
                 elif est < best_est:
@@ -171,8 +173,10 @@ class TierPolicy:
 
         Why it is exact: the score rises with work and hint (log scale, calibration blend and hint are
         monotone; the calibrated estimate is per size bucket, so both ends must share one), hence so do
-        the service time and every pool's estimate, which also rises with its depth; a budget falls with
-        the deadline. So each pool's estimate over the group lies in [estimate at the low ends, at the high
+        the service time and every pool's estimate, which also rises with the queue the group's class
+        waits behind (the whole queue, or its lanes as urgent or more: :meth:`PoolSignals.waiting_for`),
+        which grows by no more than the queue does (:meth:`PoolSignals.deepened`); a budget falls with the
+        deadline. So each pool's estimate over the group lies in [estimate at the low ends, at the high
         ends]. When every pool is definitely feasible or definitely out (unhealthy, saturated, too slow)
         over the whole range, and the chosen pool's worst estimate beats every rival's best (ties as
         :meth:`decide` breaks them, by config order), :meth:`decide` picks that pool, tier and reason at
@@ -208,7 +212,12 @@ class TierPolicy:
         any_slow = any_saturated = False
         for tier, pools in plan.order[rank]:
             over = _over_range(
-                pools, signals, depth_high, (service_lo, service_hi), (budget_tight, budget_loose)
+                pools,
+                signals,
+                depth_high,
+                (service_lo, service_hi),
+                (budget_tight, budget_loose),
+                low.priority,
             )
             if over is None:
                 return Unproven.POOLS
@@ -230,7 +239,9 @@ class TierPolicy:
         """Estimated finish time of the request on the named pool, as :meth:`decide` computes it."""
         spec = self._pools[pool]
         score, bucket = self._estimator.score(profile, self._plan(profile).cost_factor)
-        return pool_latency(spec, signals, self._estimator.service_time(profile, score, bucket))
+        return pool_latency(
+            spec, signals, self._estimator.service_time(profile, score, bucket), profile.priority
+        )
 
     def routes_to(self, pool: str) -> bool:
         """Whether ``pool`` is one of this policy's pools (a decision of an older policy may name one
@@ -277,9 +288,11 @@ def _over_range(
     depth_high: Mapping[str, int],
     service: tuple[float, float],
     budget: tuple[float, float],
+    priority: Priority,
 ) -> tuple[list[tuple[PoolSpec, float, float]], bool, bool] | None:
     """A tier's pools over a group's range (service time low..high, budget tight..loose, each pool's
-    depth from its signals' to ``depth_high``): the definitely feasible ones with their estimate ranges,
+    depth from its signals' to ``depth_high``; the group's class ``priority``): the definitely feasible
+    ones with their estimate ranges,
     whether one is definitely too slow, whether one is definitely saturated; None when a pool is
     feasible at some points of the range and not at others."""
     feasible: list[tuple[PoolSpec, float, float]] = []
@@ -294,8 +307,8 @@ def _over_range(
             continue
         if deepest >= pool.max_queue_depth:
             return None
-        est_lo = pool_latency(pool, sig, service[0])
-        est_hi = pool_latency(pool, _deeper(sig, deepest), service[1])
+        est_lo = pool_latency(pool, sig, service[0], priority)
+        est_hi = pool_latency(pool, sig.deepened(deepest), service[1], priority)
         if est_lo > budget[1]:
             slow = True
         elif est_hi <= budget[0]:
@@ -303,12 +316,6 @@ def _over_range(
         else:
             return None
     return feasible, slow, saturated
-
-
-def _deeper(signals: PoolSignals, depth: int) -> PoolSignals:
-    if depth == signals.queue_depth:
-        return signals
-    return PoolSignals(depth, signals.ewma_latency_s, signals.healthy, signals.concurrency)
 
 
 def _always_best(

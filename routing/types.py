@@ -129,6 +129,40 @@ class PoolSignals:
     healthy: bool = True
     concurrency: int = 0
     """Items the pool serves at once right now; 0 = the pool's configured concurrency."""
+    urgent_depth: tuple[int, int] | None = None
+    """Of ``queue_depth``, the realtime requests, and the realtime and interactive ones together: a pool
+    that serves its queue by class, realtime first, then interactive, then batch (the gateway's lanes), has
+    a request wait behind those as urgent as it or more only. None: not known, or a pool that serves first
+    come first served; every class waits behind the whole queue."""
+
+    def waiting_for(self, priority: Priority) -> int:
+        """How many queued requests a request of ``priority`` waits behind."""
+        urgent = self.urgent_depth
+        if urgent is None or priority is Priority.BATCH:
+            return self.queue_depth
+        return urgent[0] if priority is Priority.REALTIME else urgent[1]
+
+    def joined(self, priority: Priority, n: int = 1) -> PoolSignals:
+        """These signals once ``n`` more requests of ``priority`` are queued."""
+        urgent = self.urgent_depth
+        if urgent is not None and priority is not Priority.BATCH:
+            urgent = (
+                (urgent[0] + n, urgent[1] + n)
+                if priority is Priority.REALTIME
+                else (urgent[0], urgent[1] + n)
+            )
+        return PoolSignals(self.queue_depth + n, self.ewma_latency_s, self.healthy, self.concurrency, urgent)
+
+    def deepened(self, depth: int) -> PoolSignals:
+        """These signals with the queue ``depth`` deep, every class's wait grown by as much (an upper bound:
+        :meth:`routing.TierPolicy.decide_range`'s deepest queue a frame can make)."""
+        extra = depth - self.queue_depth
+        if extra == 0:
+            return self
+        urgent = self.urgent_depth
+        if urgent is not None:
+            urgent = (urgent[0] + extra, urgent[1] + extra)
+        return PoolSignals(depth, self.ewma_latency_s, self.healthy, self.concurrency, urgent)
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,6 +67,7 @@ _DOING: Final[dict[Stage, str]] = {
     "finish": "post-processing",
 }
 MAX_ERROR_CHARS: Final = 512
+_IDLE: Final = (0, 0)  # an empty queue's urgent depths
 _OBJECT_REPR = re.compile(r"\s*<[^<>]* at 0x[0-9a-fA-F]+>")
 
 
@@ -208,10 +209,12 @@ class PoolDispatcher:
         """The pool's state for routing. Every frame asks every pool: the last answer is given again (it is
         immutable) while nothing in it has changed."""
         healthy = self.healthy(now)
+        urgent = self._urgent_depth()
         last = self._signals
         if (
             last is None
             or last.queue_depth != self._depth
+            or last.urgent_depth != urgent
             or last.ewma_latency_s != self._ewma_item_s
             or last.healthy is not healthy
             or last.concurrency != self.concurrency
@@ -221,8 +224,21 @@ class PoolDispatcher:
                 ewma_latency_s=self._ewma_item_s,
                 healthy=healthy,
                 concurrency=self.concurrency,
+                urgent_depth=urgent,
             )
         return last
+
+    def _urgent_depth(self) -> tuple[int, int]:
+        """The realtime requests queued, and the realtime and interactive ones (PoolSignals.urgent_depth):
+        the batcher cuts the realtime lane first, then the interactive one (``_pick``, ModelQueue.take)."""
+        if not self._depth:
+            return _IDLE
+        realtime = interactive = 0
+        for queue in self._queues.values():
+            lanes = queue.lanes
+            realtime += lanes[0].count
+            interactive += lanes[1].count
+        return realtime, realtime + interactive
 
     def _room(self, agent: str, lane: int) -> int:
         """How many of ``agent``'s requests of priority lane ``lane`` the queue takes now: its fair share

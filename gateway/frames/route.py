@@ -60,15 +60,15 @@ def _in_order(
     decided: Routed,
     indices: list[int],
 ) -> Routed:
-    """The requests at ``indices`` decided one by one in frame order, each seeing every pool as deep as the
-    requests before it in the frame (those decided per group included) leave it; those decided alike (tier,
-    pool, reason, size bucket) returned together."""
+    """The requests at ``indices`` decided one by one in frame order, each seeing every pool as the requests
+    before it in the frame (those decided per group included) leave it, each one deeper by its class
+    (PoolSignals.joined); those decided alike (tier, pool, reason, size bucket) returned together."""
     pool_of: dict[int, str] = {}
     for decision, members in decided:
         if decision.pool is not None and not decision.rejected:
             pool_of.update(dict.fromkeys(members, decision.pool))
-    depth = {name: sig.queue_depth for name, sig in signals.items()}
     seen = dict(signals)
+    priorities = screened.priorities
     alike: dict[tuple[Tier, str | None, Reason, int], tuple[Decision, list[int]]] = {}
     todo = iter(indices)
     upcoming = next(todo, None)
@@ -76,15 +76,12 @@ def _in_order(
         if index != upcoming:
             pool = pool_of.get(index)
             if pool is not None:
-                depth[pool] += 1
+                seen[pool] = seen[pool].joined(priorities[index])
             continue
         upcoming = next(todo, None)
-        for name, sig in seen.items():
-            if sig.queue_depth != depth[name]:
-                seen[name] = PoolSignals(depth[name], sig.ewma_latency_s, sig.healthy, sig.concurrency)
         decision = policy.decide(screened.profile(index, region), seen)
         if decision.pool is not None and not decision.rejected:
-            depth[decision.pool] += 1
+            seen[decision.pool] = seen[decision.pool].joined(priorities[index])
         key = (decision.tier, decision.pool, decision.reason, decision.size_bucket)
         entry = alike.get(key)
         if entry is None:

@@ -22,6 +22,7 @@ from gateway.frames.route import route_frame
 from inference.profile import profile_of, wire_priority
 from routing import PoolSignals, TierPolicy
 from routing.config import DEFAULT_ROUTING_SECTION, load_routing_config
+from routing.types import Priority
 
 DEFAULT = TierPolicy(load_routing_config(DEFAULT_ROUTING_SECTION))
 
@@ -79,19 +80,28 @@ def _request(model: str, size: int, other: int, hint: float, priority: int, own:
     )
 
 
-signals_st = st.builds(
-    PoolSignals,
-    queue_depth=st.sampled_from([0, 0, 5, 30, 60, 120, 250, 4090]),
-    ewma_latency_s=st.sampled_from([0.0, 0.0005, 0.01]),
-    healthy=st.sampled_from([True, True, True, False]),
-    concurrency=st.sampled_from([0, 4]),
-)
+@st.composite
+def signals_st(draw: st.DrawFn) -> PoolSignals:
+    """A pool's signals; where its queue is served by class, of its depth some realtime, some interactive."""
+    depth = draw(st.sampled_from([0, 0, 5, 30, 60, 120, 250, 4090]))
+    urgent = None
+    if draw(st.booleans()):
+        realtime = draw(st.integers(0, depth))
+        urgent = (realtime, realtime + draw(st.integers(0, depth - realtime)))
+    return PoolSignals(
+        queue_depth=depth,
+        ewma_latency_s=draw(st.sampled_from([0.0, 0.0005, 0.01])),
+        healthy=draw(st.sampled_from([True, True, True, False])),
+        concurrency=draw(st.sampled_from([0, 4])),
+        urgent_depth=urgent,
+    )
 
 
 def _reference(
     policy: TierPolicy, screened: Screened, region: str, signals: dict[str, PoolSignals]
 ) -> list[tuple[object, ...]]:
-    """One request at a time, in frame order (the gateway's routing before route_frame)."""
+    """One request at a time, in frame order (the gateway's routing before route_frame): each queued one
+    deepens its pool, and the wait of requests as urgent as it or less."""
     signals = dict(signals)
     out: list[tuple[object, ...]] = []
     for request, priority, remaining in zip(
@@ -101,7 +111,13 @@ def _reference(
         out.append((decision.tier, decision.pool, decision.reason, decision.size_bucket))
         if decision.pool is not None and not decision.rejected:
             sig = signals[decision.pool]
-            signals[decision.pool] = replace(sig, queue_depth=sig.queue_depth + 1)
+            urgent = sig.urgent_depth
+            if urgent is not None:  # written out, not PoolSignals.joined: the reference for it too
+                urgent = (
+                    urgent[0] + (priority is Priority.REALTIME),
+                    urgent[1] + (priority is not Priority.BATCH),
+                )
+            signals[decision.pool] = replace(sig, queue_depth=sig.queue_depth + 1, urgent_depth=urgent)
     return out
 
 
@@ -111,7 +127,7 @@ def _reference(
     deadlines=st.lists(st.sampled_from([None, 0.004, 0.02, 0.3, 5.0]), min_size=1, max_size=3),
     equal=st.booleans(),
     region=st.sampled_from(["us-west", "eu-west", "unknown"]),
-    signals=st.lists(signals_st, min_size=4, max_size=4),
+    signals=st.lists(signals_st(), min_size=4, max_size=4),
 )
 def test_per_group_routing_is_request_by_request_routing(
     *,

@@ -252,6 +252,45 @@ def test_queue_wait_counts_toward_deadline() -> None:
     assert (decision.tier, decision.reason) == (Tier.CLOUD, Reason.DEADLINE)
 
 
+def test_a_request_waits_only_behind_the_requests_as_urgent_or_more_where_the_pool_serves_by_class() -> None:
+    """The CPU pool holds 40 requests, 10 ms each: a request with 30 ms left passes it over (as above)
+    unless the pool serves by class (PoolSignals.urgent_depth) and few of them are as urgent as it."""
+    policy = TierPolicy(default_routing_config())
+    late = replace(SMALL, remaining_deadline_s=0.03)
+    by_class = PoolSignals(
+        queue_depth=40, ewma_latency_s=0.01, urgent_depth=(1, 4)
+    )  # 1 realtime, 3 interactive
+    signals = pool_signals(policy.config, {"cpu": by_class})
+    realtime = policy.decide(replace(late, priority=Priority.REALTIME), signals)
+    interactive = policy.decide(replace(late, priority=Priority.INTERACTIVE), signals)
+    batch = policy.decide(replace(late, priority=Priority.BATCH), signals)
+    assert (realtime.pool, realtime.reason) == ("cpu", Reason.COMPLEXITY)
+    assert (interactive.pool, interactive.reason) == ("cpu", Reason.COMPLEXITY)
+    assert (batch.tier, batch.reason) == (Tier.CLOUD, Reason.DEADLINE)  # behind all 40
+    assert realtime.est_latency_s is not None and interactive.est_latency_s is not None
+    assert realtime.est_latency_s < interactive.est_latency_s  # behind 1, then behind 4
+    first_come = PoolSignals(queue_depth=40, ewma_latency_s=0.01)  # no classes known: the whole queue
+    again = policy.decide(
+        replace(late, priority=Priority.REALTIME), pool_signals(policy.config, {"cpu": first_come})
+    )
+    assert (again.tier, again.reason) == (Tier.CLOUD, Reason.DEADLINE)
+
+
+def test_joined_and_deepened_grow_the_waits_a_class_sees() -> None:
+    sig = PoolSignals(queue_depth=10, urgent_depth=(2, 5))
+    assert [sig.waiting_for(p) for p in (Priority.REALTIME, Priority.INTERACTIVE, Priority.BATCH)] == [
+        2,
+        5,
+        10,
+    ]
+    assert sig.joined(Priority.REALTIME).urgent_depth == (3, 6)
+    assert sig.joined(Priority.INTERACTIVE, 2).urgent_depth == (2, 7)
+    assert sig.joined(Priority.BATCH) == PoolSignals(queue_depth=11, urgent_depth=(2, 5))
+    assert sig.deepened(14) == PoolSignals(queue_depth=14, urgent_depth=(6, 9))  # an upper bound for each
+    assert sig.deepened(10) is sig
+    assert PoolSignals(queue_depth=3).joined(Priority.REALTIME).waiting_for(Priority.REALTIME) == 4
+
+
 def test_live_concurrency_overrides_config() -> None:
     """PoolSignals.concurrency, when set, replaces the pool's configured concurrency in the wait estimate."""
     policy = TierPolicy(default_routing_config())

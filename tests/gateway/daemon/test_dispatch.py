@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,8 @@ from gateway.testing import (
     wait_for,
 )
 from inference.backends.base import InferCall, InferResult
+from inference.profile import profile_of
+from routing.types import Priority
 from tests.gateway.daemon.test_serving import synthetic
 
 
@@ -661,3 +664,43 @@ async def test_a_full_queue_of_batch_requests_takes_the_same_agents_more_urgent_
     rows, holding = batch_rows(calls)
     assert [len(batch) for batch in rows] == [8, 8, 8]
     assert holding == [1], holding  # the realtime and interactive requests in the call after the held one
+
+
+async def test_a_realtime_request_is_not_held_late_by_the_batch_requests_it_is_served_before(
+    models_dir: Path,
+) -> None:
+    """The CPU pool (one call at a time, the first held) queues 984 batch requests and no other pool can
+    take text. A realtime request with 0.6 s left is queued there and served, as the pool serves its
+    realtime lane first: routing's wait estimate for it counts the requests as urgent as it or more (none),
+    not the whole queue (PoolSignals.urgent_depth). By the whole queue, as before, routing refuses it
+    DEADLINE_EXPIRED: the estimate says it would be late (checked below with the gateway's own policy)."""
+    overrides = one_text_queue(models_dir, batch=8, delay_us=3_600_000_000)
+    flood, lone = flood_and_lone(993, seed=73)
+    for request in flood:
+        request.priority = pb.PRIORITY_CLASS_BATCH
+    async with (
+        run_gateway(models_dir=models_dir, **overrides) as gw,
+        WireClient(gw.endpoint("hgc"), agent_id="a1") as agent,
+    ):
+        embedded, cpu = backend(gw, "embedded"), gw.pools["cpu"]
+        embedded.gate = asyncio.Event()
+        backend(gw, "gpu").healthy = False
+        batch = pb.PRIORITY_CLASS_BATCH
+        for part in (flood[:496], flood[496:]):
+            assert len((await agent.wait_ack(await agent.send(part, priority=batch))).accepted_ids) == 496
+        await wait_for(lambda: embedded.calls == 1, what="the first call")
+        signals = cpu.signals(time.monotonic())
+        assert (signals.queue_depth, signals.urgent_depth) == (984, (0, 0))
+        urgent = fresh_requests(lone, budget_s=0.6)
+        urgent[0].priority = pb.PRIORITY_CLASS_REALTIME
+        profile = profile_of(urgent[0], Priority.REALTIME, 0.6, "us-west")
+        policy = gw.policy.policy
+        whole_queue = replace(signals, urgent_depth=None)
+        assert policy.estimate_latency(profile, "cpu", whole_queue) > 0.6  # late, counting every one
+        assert policy.estimate_latency(profile, "cpu", signals) < 0.1
+        ack = await agent.wait_ack(await agent.send(urgent, priority=pb.PRIORITY_CLASS_REALTIME))
+        assert list(ack.accepted_ids) == [urgent[0].request_id], ack
+        embedded.gate.set()
+        answer = await agent.wait_responses([urgent[0].request_id], timeout_s=10)
+    assert answer[0].status == pb.STATUS_OK
+    assert (answer[0].pool, answer[0].route_reason) == ("cpu", "complexity")
