@@ -190,6 +190,9 @@ class PoolDispatch(_Section):
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue_delay_us: int = Field(default=2000, ge=0)
     realtime_queue_delay_us: int = Field(default=0, ge=0)  # the wait when a realtime request is queued
+    # A batch of realtime requests takes less urgent ones only up to this much more backend time, by the
+    # pool's observed time per request (and never past cpu.inline_max_requests in all).
+    realtime_fill_us: int = Field(default=2000, ge=0)
     batching: bool = True  # off for backends that batch themselves (Triton dynamic_batching)
     # Batch padded requests (text) only with others of their size bucket, so padding stays small.
     group_by_size: bool = True

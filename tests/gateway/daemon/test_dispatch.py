@@ -495,12 +495,14 @@ async def lone_then_release(
 
 
 async def lone_beside_104(
-    models_dir: Path, seed: int, priority: pb.PriorityClass.ValueType
+    models_dir: Path, seed: int, priority: pb.PriorityClass.ValueType, fill_us: int = 2000
 ) -> tuple[list[pb.InferResponse], list[Mapping[str, np.ndarray]]]:
     """One agent's 104 interactive requests for a model served 64 at a time (the first batch prepared in a
     CPU worker, its call held; 40 wait), then another agent's lone request of ``priority`` for it, then
-    the call let go: every answer, the lone's first, and each call's inputs (:func:`lone_then_release`)."""
+    the call let go: every answer, the lone's first, and each call's inputs (:func:`lone_then_release`).
+    ``fill_us``: the pool's ``realtime_fill_us``."""
     overrides = one_text_queue(models_dir, batch=64, delay_us=200_000)  # the last ones go after 0.2 s
+    overrides["pools"]["cpu"]["realtime_fill_us"] = fill_us
     flood, lone = flood_and_lone(105, seed=seed)
     lone[0].priority = priority
     async with (
@@ -517,15 +519,28 @@ async def lone_beside_104(
         return await lone_then_release(gw, (flooding, other), flood, lone, priority)
 
 
-async def test_a_realtime_request_is_batched_with_no_more_than_runs_inline(models_dir: Path) -> None:
-    """A realtime request queued with 40 of a flood's interactive requests for one model: its batch takes
-    the flood's only up to ``cpu.inline_max_requests`` (32, the CPU stage's work then stays in this process,
-    no worker round trip each way); the rest go in the next batch (pool.py: ``_realtime_batch``)."""
-    answered, calls = await lone_beside_104(models_dir, 59, pb.PRIORITY_CLASS_REALTIME)
+@pytest.mark.parametrize(
+    ("fill_us", "sizes"),
+    [
+        pytest.param(3_600_000_000, [64, 32, 9], id="filled-up-to-inline"),
+        pytest.param(0, [64, 1, 40], id="alone-with-no-fill-time"),
+    ],
+)
+async def test_a_realtime_requests_batch_takes_others_only_as_far_as_they_cost_little(
+    models_dir: Path, fill_us: int, sizes: list[int]
+) -> None:
+    """A realtime request queued with 40 of a flood's interactive requests for one model. Its batch takes
+    the flood's only as far as they add at most ``realtime_fill_us`` of backend time, by the pool's time
+    per request so far (0: none; with the default's 2 ms, how many depends on how long the test held the
+    first call), and never past ``cpu.inline_max_requests`` (32, the CPU stage's work then stays in this
+    process, no worker round trip each way); the rest go in the next batch (pool.py: ``_realtime_size``).
+    Filled with the flood's rows on a device whose time grows with them, a realtime request waited for
+    all of them."""
+    answered, calls = await lone_beside_104(models_dir, 59, pb.PRIORITY_CLASS_REALTIME, fill_us)
     assert [r.status for r in answered] == [pb.STATUS_OK] * 105
     rows, holding = batch_rows(calls)
     assert holding == [1], holding
-    assert [len(batch) for batch in rows] == [64, 32, 9]  # all 41 in one before
+    assert [len(batch) for batch in rows] == sizes
     assert (rows[1][0] != rows[0][0]).any()  # the realtime request leads its batch
 
 
@@ -624,6 +639,7 @@ async def test_a_full_queue_of_batch_requests_takes_the_same_agents_more_urgent_
     overrides = one_text_queue(models_dir, batch=8, delay_us=3_600_000_000)
     for pool in overrides["routing"]["pools"]:
         pool["max_queue_depth"] = 16
+    overrides["pools"]["cpu"]["realtime_fill_us"] = 3_600_000_000  # its batch filled to 8, as the flood's
     flood, lone = flood_and_lone(30, seed=71)
     for request in flood:
         request.priority = pb.PRIORITY_CLASS_BATCH
