@@ -503,6 +503,7 @@ async def lone_beside_104(
     ``fill_us``: the pool's ``realtime_fill_us``."""
     overrides = one_text_queue(models_dir, batch=64, delay_us=200_000)  # the last ones go after 0.2 s
     overrides["pools"]["cpu"]["realtime_fill_us"] = fill_us
+    overrides["pools"]["cpu"]["realtime_reserve"] = 0  # the realtime batch waits for the held call
     flood, lone = flood_and_lone(105, seed=seed)
     lone[0].priority = priority
     async with (
@@ -640,6 +641,7 @@ async def test_a_full_queue_of_batch_requests_takes_the_same_agents_more_urgent_
     for pool in overrides["routing"]["pools"]:
         pool["max_queue_depth"] = 16
     overrides["pools"]["cpu"]["realtime_fill_us"] = 3_600_000_000  # its batch filled to 8, as the flood's
+    overrides["pools"]["cpu"]["realtime_reserve"] = 0  # and it waits for the held call
     flood, lone = flood_and_lone(30, seed=71)
     for request in flood:
         request.priority = pb.PRIORITY_CLASS_BATCH
@@ -720,3 +722,42 @@ async def test_a_realtime_request_is_not_held_late_by_the_batch_requests_it_is_s
         answer = await agent.wait_responses([urgent[0].request_id], timeout_s=10)
     assert answer[0].status == pb.STATUS_OK
     assert (answer[0].pool, answer[0].route_reason) == ("cpu", "complexity")
+
+
+@pytest.mark.parametrize(("reserve", "calls"), [(2, 3), (0, 1)])
+async def test_realtime_batches_go_past_a_full_concurrency_up_to_the_reserve(
+    models_dir: Path, reserve: int, calls: int
+) -> None:
+    """The CPU pool serves one call at a time and a flood's first call holds it (8 more of the flood
+    queued). Three realtime requests in frames of their own: each goes to the backend at once in a batch of
+    its own while fewer than ``realtime_reserve`` (2) extra calls are in flight, past ``concurrency`` (as
+    Envoy keeps limits of its own for high-priority requests); the flood's next batch still waits for the
+    one slot, and so does the third realtime request. With no reserve, all of them wait."""
+    overrides = one_text_queue(models_dir, batch=8, delay_us=3_600_000_000)
+    overrides["pools"]["cpu"]["realtime_reserve"] = reserve
+    overrides["pools"]["cpu"]["realtime_fill_us"] = 0  # realtime batches alone: the flood's stay whole
+    flood, lone = flood_and_lone(17, seed=79)
+    urgent = fresh_requests(lone * 3, budget_s=30)
+    for request in urgent:
+        request.priority = pb.PRIORITY_CLASS_REALTIME
+    async with (
+        run_gateway(models_dir=models_dir, **overrides) as gw,
+        WireClient(gw.endpoint("hgc"), agent_id="a1") as flooding,
+        WireClient(gw.endpoint("pccw"), agent_id="a2") as other,
+    ):
+        embedded, cpu = backend(gw, "embedded"), gw.pools["cpu"]
+        embedded.gate, embedded.inputs = asyncio.Event(), []
+        backend(gw, "gpu").healthy = False
+        assert len((await flooding.wait_ack(await flooding.send(flood))).accepted_ids) == 16
+        await wait_for(lambda: embedded.calls == 1, what="the first call")
+        for request in urgent:
+            ack = await other.wait_ack(await other.send([request], priority=pb.PRIORITY_CLASS_REALTIME))
+            assert list(ack.accepted_ids) == [request.request_id]
+        await other.ping()  # after the batchers' passes
+        assert (embedded.calls, cpu.inflight, cpu.depth) == (calls, calls, 8 + 3 - (calls - 1))
+        embedded.gate.set()
+        served = await other.wait_responses([r.request_id for r in urgent], timeout_s=20)
+        served += await flooding.wait_responses([r.request_id for r in flood], timeout_s=20)
+    assert [r.status for r in served] == [pb.STATUS_OK] * 19
+    rows, _ = batch_rows(embedded.inputs)
+    assert [len(batch) for batch in rows[:calls]] == [8] + [1] * (calls - 1)
