@@ -468,9 +468,13 @@ class PoolDispatcher:
 
     # ------------------------------------------------------------------ batcher
 
-    def _pick(self) -> tuple[tuple[str, str, int], ModelQueue] | None:
+    def _pick(self, *, urgent_only: bool = False) -> tuple[tuple[str, str, int], ModelQueue] | None:
+        """The queue whose head ranks first (class, then age); ``urgent_only``: of those holding realtime
+        requests of urgent frames (what may use the realtime reserve)."""
         best: tuple[tuple[int, float], tuple[str, str, int], ModelQueue] | None = None
         for key, queue in self._queues.items():
+            if urgent_only and not queue.lanes[0].urgent:
+                continue
             head = queue.head()
             if head is None:
                 continue
@@ -531,12 +535,11 @@ class PoolDispatcher:
     def _cut(self) -> None:
         realtime = False  # realtime batches cut in this pass, their answers not sent yet
         while self._running and len(self._inflight) < self.concurrency + self._reserve:
-            picked = self._pick()
+            reserved = len(self._inflight) >= self.concurrency  # past it: urgent realtime batches only
+            picked = self._pick(urgent_only=reserved)
             if picked is None:
                 return
             key, queue = picked
-            if len(self._inflight) >= self.concurrency and not queue.lanes[0].urgent:
-                return  # past concurrency only a batch led by realtime requests of urgent frames goes
             if realtime and not queue.lanes[0].count:  # the rest of the pass has no realtime request
                 realtime = False
                 self._send_realtime_answers()
@@ -550,7 +553,9 @@ class PoolDispatcher:
                 self._timer = self._loop.call_later(max(wait, 0.0), self._schedule_pass)
                 return
             first_lane = queue.lanes[0]
-            if first_lane.urgent:  # the realtime ones, and others as far as they cost little time
+            if reserved:  # the realtime ones alone (fill would ride the reserve, their deadlines passed)
+                items = queue.take(min(size, first_lane.count))
+            elif first_lane.urgent:  # the realtime ones, and others as far as they cost little time
                 items = queue.take(self._realtime_size(size, first_lane.count))
             else:
                 items = queue.take_batch(size, self._realtime_batch)  # small frames' apart (see __init__)

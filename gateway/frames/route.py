@@ -4,7 +4,8 @@ Pure: the policy, the screened requests, the frame's region and the pools' signa
 in; each decision with the requests (indices into the screened ones) it is for out. Every request gets
 exactly the decision :meth:`TierPolicy.decide` gives it when the frame's requests are routed one by one
 in frame order, each after the ones before it deepened the queues they went to (how the gateway routed
-before frames were routed per group; tests/gateway/test_frame_route.py holds the two side by side).
+before frames were routed per group; tests/gateway/test_frame_route.py holds the two side by side). The
+requests of each decision share model, version and class: each is queued as one slice of one lane.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Mapping
 
 from gateway.frames.groups import Screened
 from routing.policy import TierPolicy, Unproven
-from routing.types import Decision, PoolSignals, Reason, Tier
+from routing.types import Decision, PoolSignals, Priority, Reason, Tier
 
 Routed = list[tuple[Decision, list[int]]]
 
@@ -62,14 +63,17 @@ def _in_order(
 ) -> Routed:
     """The requests at ``indices`` decided one by one in frame order, each seeing every pool as the requests
     before it in the frame (those decided per group included) leave it, each one deeper by its class
-    (PoolSignals.joined); those decided alike (tier, pool, reason, size bucket) returned together."""
+    (PoolSignals.joined); those decided alike (tier, pool, reason, size bucket) and alike themselves (model,
+    version, class: one queued slice each) returned together."""
     pool_of: dict[int, str] = {}
     for decision, members in decided:
         if decision.pool is not None and not decision.rejected:
             pool_of.update(dict.fromkeys(members, decision.pool))
     seen = dict(signals)
     priorities = screened.priorities
-    alike: dict[tuple[Tier, str | None, Reason, int], tuple[Decision, list[int]]] = {}
+    # One queued slice is one model, version and class (PoolDispatcher.submit_many): decisions alike are
+    # returned together only within those.
+    alike: dict[tuple[Tier, str | None, Reason, int, str, str, Priority], tuple[Decision, list[int]]] = {}
     todo = iter(indices)
     upcoming = next(todo, None)
     for index in range(len(screened)):
@@ -82,7 +86,16 @@ def _in_order(
         decision = policy.decide(screened.profile(index, region), seen)
         if decision.pool is not None and not decision.rejected:
             seen[decision.pool] = seen[decision.pool].joined(priorities[index])
-        key = (decision.tier, decision.pool, decision.reason, decision.size_bucket)
+        request = screened.requests[index]
+        key = (
+            decision.tier,
+            decision.pool,
+            decision.reason,
+            decision.size_bucket,
+            request.model_name,
+            request.model_version,
+            priorities[index],
+        )
         entry = alike.get(key)
         if entry is None:
             alike[key] = (decision, [index])

@@ -147,10 +147,31 @@ def test_per_group_routing_is_request_by_request_routing(
         screened.add(request, wire_priority(request.priority), remaining)
     got: list[tuple[object, ...] | None] = [None] * len(screened)
     for decision, members in route_frame(policy, screened, region, pool_signals):
+        # one queued slice each (PoolDispatcher.submit_many): one model, version and class
+        assert len({_slice_of(screened, index) for index in members}) == 1
         for index in members:
             assert got[index] is None, "a request decided twice"
             got[index] = (decision.tier, decision.pool, decision.reason, decision.size_bucket)
     assert got == _reference(policy, screened, region, pool_signals)
+
+
+def _slice_of(screened: Screened, index: int) -> tuple[str, str, Priority]:
+    request = screened.requests[index]
+    return request.model_name, request.model_version, screened.priorities[index]
+
+
+def test_requests_routed_in_frame_order_alike_are_returned_apart_by_class_and_model() -> None:
+    """Pools nearly full (2 from their bound): the frame is routed request by request. A realtime and a
+    batch request decided alike (same pool, reason, bucket) come back as two entries, as each entry is
+    queued as one slice in one lane; one entry put the batch request in the realtime lane."""
+    signals = {name: PoolSignals(4094, 0.0005, True, 4, (0, 0)) for name in EQUAL.pool_names}
+    screened = Screened()
+    for priority, remaining in ((pb.PRIORITY_CLASS_REALTIME, 0.3), (pb.PRIORITY_CLASS_BATCH, None)):
+        request = _request("rank-mlp", 8, 8, 0.0, priority, 0)
+        screened.add(request, wire_priority(request.priority), remaining)
+    routed = route_frame(EQUAL, screened, "us-west", signals)
+    assert len({(d.tier, d.pool, d.reason, d.size_bucket) for d, _ in routed}) == 1  # decided alike
+    assert sorted(members for _, members in routed) == [[0], [1]]
 
 
 def test_an_ordinary_frame_is_routed_in_a_few_decisions() -> None:
