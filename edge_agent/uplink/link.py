@@ -248,9 +248,13 @@ class Uplink:
         if self._reasks:
             return self._send_reasks(carrier)
         room = self.window.room(self.outstanding.held)
+        realtime_only = False
         if not room:  # an answer, a refusal or a resend opens it, and wakes the sender
-            self.stats.window_full += 1
-            return self._up.ping_interval_s
+            reserve = self._up.realtime_reserve - self.outstanding.held_realtime
+            if reserve <= 0 or not self._queue.realtime_waiting:
+                self.stats.window_full += 1
+                return self._up.ping_interval_s
+            room, realtime_only = reserve, True  # realtime requests past the full window, up to the reserve
         now = self._clock()
         chosen = self._queue.take(
             self.outstanding,
@@ -259,6 +263,7 @@ class Uplink:
             min(self.max_records, room),
             self._config.batching.max_bytes,
             self._up.ping_interval_s,
+            realtime_only=realtime_only,
         )
         for rid in chosen.expired:
             self._expire(rid)

@@ -56,6 +56,7 @@ class OutstandingTable:
         self._frames: dict[bytes, SentFrame] = {}
         self._ack_due: DeadlineHeap[bytes] = DeadlineHeap()  # message id -> monotonic time
         self.held = 0  # entries with ``held`` set: what the gateway may be holding of ours
+        self.held_realtime = 0  # of them, realtime requests (the send window's realtime reserve)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -128,6 +129,8 @@ class OutstandingTable:
             if not entry.held:
                 entry.held = True
                 self.held += 1
+                if entry.request.priority == pb.PRIORITY_CLASS_REALTIME:
+                    self.held_realtime += 1
         self._frames[frame.message_id] = frame
         self._ack_due.set(frame.message_id, frame.sent_at + ack_timeout_s)
 
@@ -138,6 +141,8 @@ class OutstandingTable:
             return False
         entry.held = False
         self.held -= 1
+        if entry.request.priority == pb.PRIORITY_CLASS_REALTIME:
+            self.held_realtime -= 1
         return True
 
     def acked(self, message_id: bytes) -> SentFrame | None:

@@ -41,6 +41,11 @@ class SendQueue:
         self._later: list[tuple[float, int, bytes]] = []  # (not before, order, id): a retry-after
         self._order = itertools.count()
 
+    @property
+    def realtime_waiting(self) -> bool:
+        """Whether a realtime request is queued (not counting those waiting out a retry-after)."""
+        return bool(self._lanes[pb.PRIORITY_CLASS_REALTIME])
+
     def __len__(self) -> int:
         return sum(len(lane) for lane in self._lanes.values()) + len(self._later)
 
@@ -75,13 +80,16 @@ class SendQueue:
         max_records: int,
         max_bytes: int,
         idle_wait_s: float,
+        *,
+        realtime_only: bool = False,
     ) -> NextFrame:
         """Up to ``max_records`` requests (and about ``max_bytes``: the one crossing it still goes) whose
         retry-after has passed, all of one class: the most urgent lane that has one; the rest stay queued
         for the next frames. One class per frame, so the envelope's priority is every request's: the gateway
         reads a realtime frame ahead of the batch frames read before it (its backlog), and a few realtime
         requests never make a frame of 100 batch ones realtime. ``idle_wait_s`` is the wait when nothing is
-        queued or held back by a retry-after."""
+        queued or held back by a retry-after. ``realtime_only``: from the realtime lane or nothing (the
+        send window's realtime reserve)."""
         while self._later and self._later[0][0] <= now:
             rid = heapq.heappop(self._later)[2]
             lane = self._lane(table, rid)
@@ -91,7 +99,7 @@ class SendQueue:
         size = 0
         taken: set[bytes] = set()
         for lane in self._lanes.values():
-            if chosen.entries:
+            if chosen.entries or (realtime_only and lane is not self._lanes[pb.PRIORITY_CLASS_REALTIME]):
                 break
             while lane and len(chosen.entries) < max_records and size < max_bytes:
                 rid = lane.popleft()

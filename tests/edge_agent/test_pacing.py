@@ -84,3 +84,32 @@ def test_the_queue_sends_realtime_first_and_holds_back_what_waits_out_a_retry_af
     queue.push(table, [late.request_id])
     third = queue.take(table, now=10.5, wall_us=0, max_records=10, max_bytes=1 << 20, idle_wait_s=1.0)
     assert [r.request_id for r in third.requests] == [backlog[0].request_id, late.request_id]
+
+
+def test_the_realtime_reserve_takes_realtime_requests_only_and_counts_them_held() -> None:
+    """Past a full send window the uplink sends from the realtime lane only (``realtime_only``), and the
+    table counts the realtime requests the gateway holds (``held_realtime``) as frames go and are answered."""
+    table = OutstandingTable(answered_window=64)
+    queue = SendQueue()
+    batch = [pb.InferRequest(request_id=new_id(), priority=pb.PRIORITY_CLASS_BATCH) for _ in range(3)]
+    for request in batch:
+        table.add(request)
+        queue.push(table, [request.request_id])
+    assert not queue.realtime_waiting
+    none = queue.take(table, 10.0, 0, 10, 1 << 20, 1.0, realtime_only=True)
+    assert none.requests == [] and none.wait_s == 1.0
+    urgent = [pb.InferRequest(request_id=new_id(), priority=pb.PRIORITY_CLASS_REALTIME) for _ in range(2)]
+    for request in urgent:
+        table.add(request)
+        queue.push(table, [request.request_id])
+    assert queue.realtime_waiting
+    chosen = queue.take(table, 10.0, 0, 10, 1 << 20, 1.0, realtime_only=True)
+    assert chosen.requests == urgent  # the batch requests stay queued
+    assert not queue.realtime_waiting and len(queue) == 3
+    table.sent(SentFrame(new_id(), "hgc", [r.request_id for r in urgent], sent_at=10.0), ack_timeout_s=1.0)
+    assert (table.held, table.held_realtime) == (2, 2)
+    answered = table.get(urgent[0].request_id)
+    assert answered is not None and table.release(answered)
+    assert (table.held, table.held_realtime) == (1, 1)
+    table.close(urgent[1].request_id)
+    assert (table.held, table.held_realtime) == (0, 0)
