@@ -26,7 +26,7 @@ Pure: the agents' queued counts in, numbers out; the pool applies them (gateway/
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 
 def fair_share(held: Mapping[str, int], agent: str, capacity: int) -> int:
@@ -34,9 +34,17 @@ def fair_share(held: Mapping[str, int], agent: str, capacity: int) -> int:
     return capacity // (len(held) + (agent not in held))
 
 
-def room(held: Mapping[str, int], agent: str, depth: int, capacity: int) -> int:
+def room(
+    held: Mapping[str, int],
+    agent: str,
+    depth: int,
+    capacity: int,
+    movable: Callable[[], Mapping[str, int]] | None = None,
+) -> int:
     """How many of ``agent``'s requests the queue admits now: its free room, or more where other agents
-    hold more than their fair share (up to ``agent``'s own share, pushing theirs out)."""
+    hold more than their fair share (up to ``agent``'s own share, pushing theirs out). ``movable``: each
+    agent's requests that may be pushed out for these (:func:`push_out`'s), asked for only when a share
+    counts; without it, all of them."""
     free = capacity - depth
     if 2 * free >= capacity or not held:  # free room of half the queue or more: no share is smaller
         return free
@@ -44,10 +52,11 @@ def room(held: Mapping[str, int], agent: str, depth: int, capacity: int) -> int:
     mine = held.get(agent, 0)
     if mine >= share:
         return free
+    limits = None if movable is None else movable()
     spare = 0
     for other, count in held.items():
         if count > share and other != agent:
-            spare += count - share
+            spare += count - share if limits is None else min(count - share, limits.get(other, 0))
     return max(free, min(share - mine, free + spare))
 
 

@@ -256,14 +256,17 @@ class PoolDispatcher:
         """How many of ``agent``'s requests of priority lane ``lane`` the queue takes now: its fair share
         or the free room and the less urgent lanes' requests, whichever is more
         (gateway/dispatch/admission.py)."""
-        fair = self._fair_room(agent)
+        fair = self._fair_room(agent, lane)
         if lane >= LEAST_URGENT:
             return fair
         return max(fair, self.max_queue_depth - self._depth + self._lower(lane))
 
-    def _fair_room(self, agent: str) -> int:
-        """How many of ``agent``'s requests the queue takes up to its fair share (admission.room)."""
-        return admission.room(self._held, agent, self._depth, self.max_queue_depth)
+    def _fair_room(self, agent: str, lane: int) -> int:
+        """How many of ``agent``'s requests of priority lane ``lane`` the queue takes up to its fair share,
+        from others' requests no more urgent than these (admission.room; as ``_push_out`` would take)."""
+        return admission.room(
+            self._held, agent, self._depth, self.max_queue_depth, lambda: self._held_from(lane)
+        )
 
     def _lower(self, lane: int) -> int:
         """How many requests are queued in the lanes less urgent than ``lane``."""
@@ -332,7 +335,7 @@ class PoolDispatcher:
         then realtime, each lane's newest first (a request whose deadline has passed is answered
         DEADLINE_EXCEEDED instead). False, and nothing done, when the agent's share does not stretch that
         far or the others' requests over their shares are more urgent than these."""
-        if self._fair_room(agent) < n:
+        if self._fair_room(agent, lane) < n:
             return False
         victims = admission.push_out(self._held, agent, need, self.max_queue_depth, self._held_from(lane))
         if victims is None:

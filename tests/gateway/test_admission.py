@@ -113,3 +113,13 @@ def test_preempt_takes_exactly_what_is_needed_lane_by_lane(lower: list[dict[str,
     for index, counts in enumerate(lower[:-1]):  # a lane is touched only once every less urgent one is empty
         if any(later == index + 1 for later, _ in taken):
             assert all(taken.get((index, agent), 0) == n for agent, n in counts.items())
+
+
+def test_room_counts_only_what_may_be_moved() -> None:
+    """a holds 40 of 40, b nothing: b's share is 20, but with only 5 of a's movable (the rest more urgent
+    than b's requests) the room is 5; movable is asked for only when a share counts."""
+    assert room({"a": 40}, "b", 40, 40, lambda: {"a": 5}) == 5
+    assert room({"a": 40}, "b", 40, 40, lambda: {"a": 30}) == 20
+    asked: list[bool] = []
+    assert room({"a": 10}, "b", 10, 40, lambda: asked.append(True) or {}) == 30  # 30 free: no share counts
+    assert not asked

@@ -66,14 +66,16 @@ def requests(agent: str, n: int, priority: Priority, deadline: float | None = No
 
 def test_a_request_pushes_out_only_requests_no_more_urgent_than_its_own() -> None:
     """a's 16 realtime requests fill the queue: b's batch requests may not push them out (refused, nothing
-    answered); b's realtime ones may, up to b's share, and a's newest realtime ones are answered
-    OVERLOADED."""
+    answered, and routing sees no room for them: it may send them to another pool); b's realtime ones
+    may, up to b's share, and a's newest realtime ones are answered OVERLOADED."""
     answers = Answers()
     p = pool(16, answers)
     now = time.monotonic()
     assert p.submit_many(requests("a", 16, Priority.REALTIME), now)
     assert not p.pushes_out_for("a")  # alone: no share to claim
-    assert p.pushes_out_for("b") and p.signals_for("b", now).queue_depth == 8  # room for b's share
+    # b's batch requests may not push a's realtime ones out: routing sees the queue full for them
+    assert not p.pushes_out_for("b") and p.signals_for("b", now).queue_depth == 16
+    assert p.pushes_out_for("b", 0) and p.signals_for("b", now, 0).queue_depth == 8  # its realtime ones
     assert not p.submit_many(requests("b", 4, Priority.BATCH), now)
     assert (p.depth, answers.by_id) == (16, {})
     assert p.submit_many(requests("b", 4, Priority.REALTIME), now)
