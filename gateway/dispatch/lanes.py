@@ -28,12 +28,17 @@ from gateway.dispatch.work import WorkItem
 class Lane:
     """One priority class's requests in one model's queue, by agent (see the module's docstring)."""
 
-    __slots__ = ("_by_agent", "_held", "count", "small", "urgent")
+    __slots__ = ("_by_agent", "_by_class", "_class", "_held", "count", "small", "urgent")
 
-    def __init__(self, held: dict[str, int] | None = None) -> None:
+    def __init__(
+        self, held: dict[str, int] | None = None, by_class: list[int] | None = None, index: int = 0
+    ) -> None:
         # Each agent's slices, oldest first; the dict's order is the agents' turn order.
         self._by_agent: dict[str, deque[list[WorkItem]]] = {}
         self._held = {} if held is None else held  # requests queued per agent, over the pool's lanes
+        # requests queued per class over the pool's queues (``index``: this lane's), as ``held`` per agent
+        self._by_class = [0, 0, 0] if by_class is None else by_class
+        self._class = index
         self.count = 0
         self.urgent = 0  # of them, urgent frames' (WorkItem.urgent; a slice is one frame's: all or none)
         self.small = 0  # of them, small frames' (WorkItem.small)
@@ -59,6 +64,7 @@ class Lane:
             slices.append(items)
         n = len(items)
         self.count += n
+        self._by_class[self._class] += n
         held = self._held
         held[agent] = held.get(agent, 0) + n
         if items[0].urgent:
@@ -194,6 +200,7 @@ class Lane:
     def _moved(self, agent: str, n: int, urgent: int, small: int) -> None:
         """``n`` of ``agent``'s requests left the lane, ``urgent`` of them urgent, ``small`` small frames'."""
         self.count -= n
+        self._by_class[self._class] -= n
         self.urgent -= urgent
         self.small -= small
         held = self._held
@@ -210,9 +217,15 @@ class ModelQueue:
 
     __slots__ = ("lanes", "small_last")
 
-    def __init__(self, held: dict[str, int] | None = None) -> None:
+    def __init__(self, held: dict[str, int] | None = None, by_class: list[int] | None = None) -> None:
+        """``held`` and ``by_class``: the pool's counts per agent and per class, kept by its lanes."""
         held = {} if held is None else held
-        self.lanes: tuple[Lane, Lane, Lane] = (Lane(held), Lane(held), Lane(held))
+        by_class = [0, 0, 0] if by_class is None else by_class
+        self.lanes: tuple[Lane, Lane, Lane] = (
+            Lane(held, by_class, 0),
+            Lane(held, by_class, 1),
+            Lane(held, by_class, 2),
+        )
         self.small_last = False  # the last batch was small frames' alone: larger frames' turn (take_batch)
 
     def __len__(self) -> int:

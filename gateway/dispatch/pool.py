@@ -151,6 +151,7 @@ class PoolDispatcher:
         self._queues: dict[tuple[str, str, int], ModelQueue] = {}
         self._depth = 0
         self._held: dict[str, int] = {}  # requests queued per agent (the lanes keep it)
+        self._by_class = [0, 0, 0]  # requests queued per class, realtime first (the lanes keep it)
         self._inflight: set[asyncio.Task[None]] = set()
         # The batcher is a callback, not a task: a submit schedules one pass for the end of the current
         # loop tick (so a whole frame is queued before batches are cut), a finished batch another, and a
@@ -245,12 +246,8 @@ class PoolDispatcher:
         the batcher cuts the realtime lane first, then the interactive one (``_pick``, ModelQueue.take)."""
         if not self._depth:
             return _IDLE
-        realtime = interactive = 0
-        for queue in self._queues.values():
-            lanes = queue.lanes
-            realtime += lanes[0].count
-            interactive += lanes[1].count
-        return realtime, realtime + interactive
+        by_class = self._by_class
+        return by_class[0], by_class[0] + by_class[1]
 
     def _room(self, agent: str, lane: int) -> int:
         """How many of ``agent``'s requests of priority lane ``lane`` the queue takes now: its fair share
@@ -270,7 +267,7 @@ class PoolDispatcher:
 
     def _lower(self, lane: int) -> int:
         """How many requests are queued in the lanes less urgent than ``lane``."""
-        return sum(lower.count for queue in self._queues.values() for lower in queue.lanes[lane + 1 :])
+        return sum(self._by_class[lane + 1 :])
 
     def pushes_out_for(self, agent: str, lane: int = LEAST_URGENT) -> bool:
         """Whether the queue takes more of ``agent``'s requests of priority lane ``lane`` than it has free
@@ -325,7 +322,7 @@ class PoolDispatcher:
     def _queue_of(self, key: tuple[str, str, int]) -> ModelQueue:
         queue = self._queues.get(key)
         if queue is None:
-            queue = self._queues[key] = ModelQueue(self._held)
+            queue = self._queues[key] = ModelQueue(self._held, self._by_class)
         return queue
 
     def _push_out(self, agent: str, n: int, need: int, lane: int) -> bool:

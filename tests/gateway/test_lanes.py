@@ -152,6 +152,21 @@ def test_an_agents_newest_requests_are_dropped_from_the_tail_and_the_counts_foll
     assert (held, lane.agents, len(lane)) == ({"b": 1}, 1, 1)
 
 
+def test_the_queues_of_a_pool_count_its_requests_per_class_together() -> None:
+    """Two model queues sharing one count per class (the pool's: PoolSignals.urgent_depth reads it):
+    adds, takes and drops keep it equal to the lanes' own counts."""
+    by_class = [0, 0, 0]
+    first, second = ModelQueue({}, by_class), ModelQueue({}, by_class)
+    first.add(0, frame("a", 2, 0.0))
+    first.add(2, frame("a", 5, 0.0, tag="b"))
+    second.add(1, frame("b", 3, 1.0))
+    second.add(0, frame("b", 1, 1.0, tag="r"))
+    assert by_class == [3, 3, 5]
+    assert ids(first.take(4)) == ["a-0", "a-1", "ab-0", "ab-1"]
+    assert second.lanes[1].drop_newest("b", 2) and by_class == [1, 1, 3]
+    assert by_class == [sum(q.lanes[i].count for q in (first, second)) for i in range(3)]
+
+
 def small(items: list[WorkItem]) -> list[WorkItem]:
     for item in items:
         item.small = True
