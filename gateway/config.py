@@ -193,8 +193,9 @@ class PoolDispatch(_Section):
     # A batch of realtime requests takes less urgent ones only up to this much more backend time, by the
     # pool's observed time per request (and never past cpu.inline_max_requests in all).
     realtime_fill_us: int = Field(default=2000, ge=0)
-    # Batches of realtime requests of frames marked realtime (alone) may be in flight past routing's
-    # concurrency by this many (a flood's batches holding every slot do not make them wait).
+    # While a request of a frame marked realtime is queued, batches of its queue's realtime lane (alone) may
+    # be in flight past routing's concurrency by this many (a flood's batches holding every slot do not
+    # make them wait).
     realtime_reserve: int = Field(default=2, ge=0)
     batching: bool = True  # off for backends that batch themselves (Triton dynamic_batching)
     # Batch padded requests (text) only with others of their size bucket, so padding stays small.
