@@ -98,8 +98,9 @@ class SendQueue:
         chosen = NextFrame()
         size = 0
         taken: set[bytes] = set()
-        for lane in self._lanes.values():
-            if chosen.entries or (realtime_only and lane is not self._lanes[pb.PRIORITY_CLASS_REALTIME]):
+        lanes = (self._lanes[pb.PRIORITY_CLASS_REALTIME],) if realtime_only else self._lanes.values()
+        for lane in lanes:
+            if chosen.entries:
                 break
             while lane and len(chosen.entries) < max_records and size < max_bytes:
                 rid = lane.popleft()
