@@ -37,73 +37,70 @@ def test_a_realtime_batch_takes_others_as_far_as_their_time_allows(
     assert p._realtime_size(size, realtime) == taken
 
 
+class HeldPool:
+    """A pool of one slot (concurrency 1, reserve 2, no queue delay) whose batches are recorded as they start
+    (with the batches then in flight) and held until ``release`` is set; ``cut`` runs its batcher's pass
+    now, as the loop would next (a batch starts eagerly: recorded before the pass returns)."""
+
+    def __init__(self) -> None:
+        self.answers = Answers()
+        self.pool = p = pool(32, self.answers)
+        p.concurrency = 1
+        p._delay_s = 0.0  # max_queue_delay_us 0: a batch goes at once
+        self.started: list[tuple[int, list[str]]] = []
+        self.release = asyncio.Event()
+        p._serve = self._serve  # type: ignore[method-assign]
+        p.start()
+
+    async def _serve(self, items: list[WorkItem], spec: object = None) -> None:
+        self.started.append((len(self.pool._inflight), [item.request.request_id.decode() for item in items]))
+        await self.release.wait()
+
+    def submit(self, items: list[WorkItem]) -> None:
+        """Queue ``items`` now (after whatever was queued before), then the batcher's pass."""
+        assert self.pool.submit_many(items, time.monotonic())
+        self.pool._batch_pass()
+
+    async def close(self) -> None:
+        self.release.set()
+        await self.pool.stop(1.0)
+
+
+def urgent(items: list[WorkItem]) -> list[WorkItem]:
+    for item in items:
+        item.urgent = True
+    return items
+
+
 async def test_past_concurrency_only_live_realtime_requests_go_never_the_fill() -> None:
     """One batch holds the pool's only slot (concurrency 1, reserve 2). Five batch requests and a realtime
     one of an urgent frame whose deadline has passed are queued: the realtime request is answered
     DEADLINE_EXCEEDED and nothing goes past concurrency (the fill would have ridden the reserve in its
     place); a live realtime request then goes at once, alone, past concurrency."""
-    answers = Answers()
-    p = pool(32, answers)
-    p.concurrency = 1
-    p._delay_s = 0.0  # max_queue_delay_us 0: a batch goes at once
-    p._ewma_item_s = 100e-6  # a pool that has served: a realtime batch's fill would be 20 others
-    started: list[tuple[int, list[str]]] = []
-    release = asyncio.Event()
-
-    async def serve(items: list[WorkItem], spec: object = None) -> None:
-        started.append((len(p._inflight), [item.request.request_id.decode() for item in items]))
-        await release.wait()
-
-    p._serve = serve  # type: ignore[method-assign]
-    p.start()
+    held = HeldPool()
+    held.pool._ewma_item_s = 100e-6  # a pool that has served: a realtime batch's fill would be 20 others
     now = time.monotonic()
-    assert p.submit_many(requests("a", 1, Priority.BATCH), now)
-    await asyncio.sleep(0)  # that batch holds the slot
-    assert p.submit_many(requests("b", 5, Priority.BATCH), now)
-    expired = requests("c", 1, Priority.REALTIME, deadline=now - 1.0)
-    expired[0].urgent = True
-    assert p.submit_many(expired, now)
-    await asyncio.sleep(0.01)
-    assert started == [(0, ["a-batch-0"])]
-    assert answers.statuses() == {"c-realtime-0": pb.STATUS_DEADLINE_EXCEEDED}
-    live = requests("d", 1, Priority.REALTIME, deadline=now + 30.0)
-    live[0].urgent = True
-    assert p.submit_many(live, now)
-    await asyncio.sleep(0.01)
-    assert started == [(0, ["a-batch-0"]), (1, ["d-realtime-0"])]
-    assert p.depth == 5  # the batch requests wait for the slot
-    release.set()
-    await p.stop(1.0)
+    held.submit(requests("a", 1, Priority.BATCH))  # holds the slot
+    held.submit(requests("b", 5, Priority.BATCH))
+    held.submit(urgent(requests("c", 1, Priority.REALTIME, deadline=now - 1.0)))
+    assert held.started == [(0, ["a-batch-0"])]
+    assert held.answers.statuses() == {"c-realtime-0": pb.STATUS_DEADLINE_EXCEEDED}
+    held.submit(urgent(requests("d", 1, Priority.REALTIME, deadline=now + 30.0)))
+    assert held.started == [(0, ["a-batch-0"]), (1, ["d-realtime-0"])]
+    assert held.pool.depth == 5  # the batch requests wait for the slot
+    await held.close()
 
 
 async def test_the_reserve_goes_to_an_urgent_frames_request_whatever_queue_ranks_first() -> None:
     """The only slot held; a realtime request of a frame not marked realtime (not urgent) queued first for
     one model, then an urgent one for another: the urgent one goes on the reserve, though the other's queue
     ranks first (older head); the other waits for the slot."""
-    answers = Answers()
-    p = pool(32, answers)
-    p.concurrency = 1
-    p._delay_s = 0.0
-    started: list[list[str]] = []
-    release = asyncio.Event()
-
-    async def serve(items: list[WorkItem], spec: object = None) -> None:
-        started.append([item.request.request_id.decode() for item in items])
-        await release.wait()
-
-    p._serve = serve  # type: ignore[method-assign]
-    p.start()
-    now = time.monotonic()
-    assert p.submit_many(requests("a", 1, Priority.BATCH), now)
-    await asyncio.sleep(0)
-    plain = requests("b", 1, Priority.REALTIME)  # in a frame marked interactive: not urgent
-    assert p.submit_many(plain, now)
-    urgent = requests("c", 1, Priority.REALTIME)
-    urgent[0].request.model_name = "text-encoder"
-    urgent[0].urgent = True
-    assert p.submit_many(urgent, now + 0.001)
-    await asyncio.sleep(0.01)
-    assert started == [["a-batch-0"], ["c-realtime-0"]]
-    assert p.depth == 1
-    release.set()
-    await p.stop(1.0)
+    held = HeldPool()
+    held.submit(requests("a", 1, Priority.BATCH))
+    held.submit(requests("b", 1, Priority.REALTIME))  # in a frame marked interactive: not urgent
+    other_model = urgent(requests("c", 1, Priority.REALTIME))
+    other_model[0].request.model_name = "text-encoder"
+    held.submit(other_model)
+    assert [ids for _, ids in held.started] == [["a-batch-0"], ["c-realtime-0"]]
+    assert held.pool.depth == 1
+    await held.close()
