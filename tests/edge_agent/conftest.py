@@ -52,11 +52,11 @@ def agent_config(endpoints: dict[str, str], models: Path, spool: Path, **extra: 
 
 @asynccontextmanager
 async def agent_on_gateway(
-    models: Path, spool: Path, **extra: Any
+    models: Path, spool: Path, gateway: dict[str, Any] | None = None, **extra: Any
 ) -> AsyncIterator[tuple[Gateway, EdgeAgent]]:
-    """A test gateway and an in-process agent on all its carriers (``extra``: agent config sections),
-    yielded once the agent has a live carrier."""
-    async with run_gateway(models_dir=models) as gw:
+    """A test gateway (``gateway``: its config overrides) and an in-process agent on all its carriers
+    (``extra``: agent config sections), yielded once the agent has a live carrier."""
+    async with run_gateway(models_dir=models, **(gateway or {})) as gw:
         endpoints = {name: gw.endpoint(name) for name in gw.carriers}
         async with EdgeAgent(agent_config(endpoints, models, spool, **extra)) as agent:
             await wait_for(lambda: agent.uplink is not None and agent.uplink.best() is not None)

@@ -11,8 +11,8 @@ import pytest
 
 from edge_agent.agent import EdgeAgent
 from edgewire import pb
-from gateway.testing import run_gateway, wait_for
-from tests.edge_agent.conftest import agent_config
+from gateway.testing import wait_for
+from tests.edge_agent.conftest import agent_on_gateway
 from tests.gateway.daemon.test_answers_follow import Caller, Gate, ids_of, slow_backends, synthetic
 
 
@@ -30,41 +30,37 @@ async def test_realtime_requests_go_past_a_full_send_window_up_to_the_reserve(
     """The window (8) full of batch requests the gateway holds, 10 more batch ones queued behind it: of three
     realtime requests, ``realtime_reserve`` (2) go to the gateway at once and the third waits, as do the batch
     ones; with no reserve all three wait. Once the calls are let go, every request is answered OK."""
-    async with run_gateway(models_dir=models_dir, **slow_backends()) as gw:
+    async with agent_on_gateway(
+        models_dir,
+        tmp_path / "spool",
+        gateway=slow_backends(),
+        local={"enabled": False},
+        uplink={"send_window_initial": 8, "send_window_min": 8, "realtime_reserve": reserve},
+    ) as (gw, agent):
         gate = Gate(gw, monkeypatch)
-        endpoints = {name: gw.endpoint(name) for name in gw.carriers}
-        config = agent_config(
-            endpoints,
-            models_dir,
-            tmp_path / "spool",
-            local={"enabled": False},
-            uplink={"send_window_initial": 8, "send_window_min": 8, "realtime_reserve": reserve},
-        )
-        async with EdgeAgent(config) as agent:
-            uplink = agent.uplink
-            assert uplink is not None
-            await wait_for(lambda: uplink.best() is not None)
-            caller = Caller(agent.intake_endpoint)
-            try:
-                first, queued, urgent = synthetic(8, seed=41), synthetic(10, seed=42), synthetic(3, seed=43)
-                for request in [*first, *queued]:
-                    request.priority = pb.PRIORITY_CLASS_BATCH
-                for request in urgent:
-                    request.priority = pb.PRIORITY_CLASS_REALTIME
-                await caller.send(first)
-                await wait_for(lambda: all(held(agent, ids_of(first))), what="the window full")
-                await caller.send(queued)
-                await wait_for(lambda: uplink.stats.window_full > 0, what="the batch ones held back")
-                for request in urgent:
-                    await caller.send([request])
-                await wait_for(lambda: uplink.inflight == 21, what="every request taken in")
-                await wait_for(lambda: held(agent, ids_of(urgent)) == sent, what="the reserve's sends")
-                await wait_for(lambda: gate.held >= 1, what="the gateway running the first calls")
-                assert held(agent, ids_of(urgent)) == sent  # still: the third waits for room
-                assert not any(held(agent, ids_of(queued)))
-                gate.open()
-                everything = ids_of([*first, *queued, *urgent])
-                await wait_for(lambda: all(caller.answers[r] for r in everything), timeout_s=20)
-            finally:
-                await caller.aclose()
+        uplink = agent.uplink
+        assert uplink is not None
+        caller = Caller(agent.intake_endpoint)
+        try:
+            first, queued, urgent = synthetic(8, seed=41), synthetic(10, seed=42), synthetic(3, seed=43)
+            for request in [*first, *queued]:
+                request.priority = pb.PRIORITY_CLASS_BATCH
+            for request in urgent:
+                request.priority = pb.PRIORITY_CLASS_REALTIME
+            await caller.send(first)
+            await wait_for(lambda: all(held(agent, ids_of(first))), what="the window full")
+            await caller.send(queued)
+            await wait_for(lambda: uplink.stats.window_full > 0, what="the batch ones held back")
+            for request in urgent:
+                await caller.send([request])
+            await wait_for(lambda: uplink.inflight == 21, what="every request taken in")
+            await wait_for(lambda: held(agent, ids_of(urgent)) == sent, what="the reserve's sends")
+            await wait_for(lambda: gate.held >= 1, what="the gateway running the first calls")
+            assert held(agent, ids_of(urgent)) == sent  # still: the third waits for room
+            assert not any(held(agent, ids_of(queued)))
+            gate.open()
+            everything = ids_of([*first, *queued, *urgent])
+            await wait_for(lambda: all(caller.answers[r] for r in everything), timeout_s=20)
+        finally:
+            await caller.aclose()
     assert caller.statuses == {pb.STATUS_OK: 21}

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -452,6 +453,22 @@ def one_text_queue(models_dir: Path, batch: int, delay_us: int) -> dict[str, Any
     return overrides
 
 
+@contextlib.asynccontextmanager
+async def flood_beside(
+    models_dir: Path, overrides: dict[str, Any]
+) -> AsyncIterator[tuple[Gateway, WireClient, WireClient, FaultInjectingBackend]]:
+    """A gateway on ``overrides``, a flooding agent (a1, on hgc), another agent (a2, on pccw), and the
+    embedded backend with its calls held (``gate``) and their inputs recorded."""
+    async with (
+        run_gateway(models_dir=models_dir, **overrides) as gw,
+        WireClient(gw.endpoint("hgc"), agent_id="a1") as flooding,
+        WireClient(gw.endpoint("pccw"), agent_id="a2") as other,
+    ):
+        embedded = backend(gw, "embedded")
+        embedded.gate, embedded.inputs = asyncio.Event(), []
+        yield gw, flooding, other, embedded
+
+
 def flood_and_lone(n: int, seed: int) -> tuple[list[pb.InferRequest], list[pb.InferRequest]]:
     """``n`` interactive text requests for the CPU pool, all in one queue (one size bucket): the first
     ``n - 1`` alike (a flood), the last with a text of its own (its own row in a batch's inputs)."""
@@ -506,14 +523,9 @@ async def lone_beside_104(
     overrides["pools"]["cpu"]["realtime_reserve"] = 0  # the realtime batch waits for the held call
     flood, lone = flood_and_lone(105, seed=seed)
     lone[0].priority = priority
-    async with (
-        run_gateway(models_dir=models_dir, **overrides) as gw,
-        WireClient(gw.endpoint("hgc"), agent_id="a1") as flooding,
-        WireClient(gw.endpoint("pccw"), agent_id="a2") as other,
-    ):
-        embedded, cpu = backend(gw, "embedded"), gw.pools["cpu"]
+    async with flood_beside(models_dir, overrides) as (gw, flooding, other, embedded):
+        cpu = gw.pools["cpu"]
         assert gw.config.cpu.inline_max_requests == 32
-        embedded.gate, embedded.inputs = asyncio.Event(), []
         assert len((await flooding.wait_ack(await flooding.send(flood))).accepted_ids) == 104
         await wait_for(lambda: embedded.calls == 1, what="the first call")
         assert cpu.depth == 40
@@ -564,13 +576,8 @@ async def test_another_agents_request_goes_in_the_next_batch_not_behind_a_flood(
     # A batch goes out full: a cut for no other reason.
     overrides = one_text_queue(models_dir, batch=8, delay_us=3_600_000_000)
     flood, lone = flood_and_lone(64, seed=53)
-    async with (
-        run_gateway(models_dir=models_dir, **overrides) as gw,
-        WireClient(gw.endpoint("hgc"), agent_id="a1") as flooding,
-        WireClient(gw.endpoint("pccw"), agent_id="a2") as other,
-    ):
-        embedded, cpu = backend(gw, "embedded"), gw.pools["cpu"]
-        embedded.gate, embedded.inputs = asyncio.Event(), []
+    async with flood_beside(models_dir, overrides) as (gw, flooding, other, embedded):
+        cpu = gw.pools["cpu"]
         assert len((await flooding.wait_ack(await flooding.send(flood))).accepted_ids) == 63
         await flooding.ping()  # after the batcher's pass: the first call holds 8, 55 wait
         assert (embedded.calls, cpu.depth) == (1, 55)
@@ -596,13 +603,8 @@ async def test_a_full_queue_takes_another_agents_requests_by_pushing_out_the_flo
         pool["max_queue_depth"] = 16
     flood, lone = flood_and_lone(29, seed=61)
     others = fresh_requests(lone * 4, budget_s=30)
-    async with (
-        run_gateway(models_dir=models_dir, **overrides) as gw,
-        WireClient(gw.endpoint("hgc"), agent_id="a1") as flooding,
-        WireClient(gw.endpoint("pccw"), agent_id="a2") as other,
-    ):
-        embedded, cpu = backend(gw, "embedded"), gw.pools["cpu"]
-        embedded.gate = asyncio.Event()
+    async with flood_beside(models_dir, overrides) as (gw, flooding, other, embedded):
+        cpu = gw.pools["cpu"]
         backend(gw, "gpu").healthy = False
         assert len((await flooding.wait_ack(await flooding.send(flood[:8]))).accepted_ids) == 8
         await wait_for(lambda: embedded.calls == 1, what="the first call")
@@ -740,13 +742,8 @@ async def test_realtime_batches_go_past_a_full_concurrency_up_to_the_reserve(
     urgent = fresh_requests(lone * 3, budget_s=30)
     for request in urgent:
         request.priority = pb.PRIORITY_CLASS_REALTIME
-    async with (
-        run_gateway(models_dir=models_dir, **overrides) as gw,
-        WireClient(gw.endpoint("hgc"), agent_id="a1") as flooding,
-        WireClient(gw.endpoint("pccw"), agent_id="a2") as other,
-    ):
-        embedded, cpu = backend(gw, "embedded"), gw.pools["cpu"]
-        embedded.gate, embedded.inputs = asyncio.Event(), []
+    async with flood_beside(models_dir, overrides) as (gw, flooding, other, embedded):
+        cpu = gw.pools["cpu"]
         backend(gw, "gpu").healthy = False
         assert len((await flooding.wait_ack(await flooding.send(flood))).accepted_ids) == 16
         await wait_for(lambda: embedded.calls == 1, what="the first call")
