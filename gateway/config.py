@@ -191,7 +191,8 @@ class PoolDispatch(_Section):
     max_queue_delay_us: int = Field(default=2000, ge=0)
     realtime_queue_delay_us: int = Field(default=0, ge=0)  # the wait when a realtime request is queued
     # A batch of realtime requests takes less urgent ones only up to this much more backend time, by the
-    # pool's observed time per request (and never past cpu.inline_max_requests in all).
+    # pool's observed time per request (and never past cpu.inline_max_requests in all); small frames'
+    # requests go apart from larger frames' where a batch would cost more (dispatch/lanes.py take_batch).
     realtime_fill_us: int = Field(default=2000, ge=0)
     # While a request of a frame marked realtime is queued, batches of its queue's realtime lane (alone) may
     # be in flight past routing's concurrency by this many (a flood's batches holding every slot do not

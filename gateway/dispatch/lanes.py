@@ -14,30 +14,88 @@ in the gateway's process, small frames' requests (a lone request, a caller's few
 turns in batches of their own (ModelQueue.take_batch), so a lone request does not ride a flood's batch
 through a worker. A lane also counts each agent's requests in a dict shared by the pool's queues
 (``held``: gateway/dispatch/admission.py shares a full queue by it), and gives up an agent's newest
-requests when the pool pushes them out for another agent's. Pure: no clock, no I/O.
+requests when the pool pushes them out for another agent's. Between a pool's queues the agents are
+shared too (:class:`Counts`, fair queueing by requests served): a queue ranks by its most urgent lane, then
+by the least served of the agents there, then by age, so an agent that sends little goes before one that
+sends much, whatever queues (models, text length buckets) their requests are spread over. Pure: no clock,
+no I/O.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 
 from gateway.dispatch.work import WorkItem
+
+MAX_GONE = 4096
+"""Agents with no request queued whose requests served a pool remembers (Counts.gone)."""
+
+Rank = tuple[int, int, float]
+"""How a queue ranks for the pool's next batch, least first: its most urgent lane holding requests (0:
+realtime), the least served of the agents there (:attr:`Counts.served`), its oldest request's queueing
+time."""
+
+
+class Counts:
+    """What the lanes of one pool's queues count together: requests queued per agent (``held``: admission
+    shares a full queue by it) and per class (``by_class``, realtime first: routing's urgent depth), and
+    each agent's requests served (``served``: taken into batches), kept while it has requests queued.
+
+    ``served`` is start-time fair queueing's tags, counted in requests: the batcher's next batch goes to
+    the queue of the least served agent, so one that sends little goes before one that sends much, and a
+    flood's agent, whose count stands still while it waits, is served once the others have caught up with
+    it. An agent whose requests were all served leaves ``served`` for ``gone`` (the most recent
+    ``MAX_GONE``); one that comes (back) starts where it left off or at ``virtual``, where the last batch
+    began (the count of the agent it was taken from, before it), whichever is later: ahead of an agent
+    served since by at most that batch, never by what it did not send while away, and a stream of small
+    frames from one agent catches up with a flood and then takes turns with it."""
+
+    __slots__ = ("by_class", "gone", "held", "served", "virtual")
+
+    def __init__(self) -> None:
+        self.held: dict[str, int] = {}
+        self.by_class = [0, 0, 0]
+        self.served: dict[str, int] = {}
+        self.gone: dict[str, int] = {}  # agents with none queued now: their counts, least recent first
+        self.virtual = 0
+
+    def joined(self, agent: str) -> None:
+        """``agent``, which had no request queued, has one now."""
+        self.served[agent] = max(self.gone.pop(agent, 0), self.virtual)
+
+    def left(self, agent: str) -> None:
+        """``agent``'s requests queued are all gone (served, pushed out, handed back)."""
+        gone = self.gone
+        gone[agent] = self.served.pop(agent)
+        if len(gone) > MAX_GONE:
+            del gone[next(iter(gone))]
+
+    def took(self, agent: str, n: int) -> None:
+        """``n`` of ``agent``'s requests were taken into a batch."""
+        served = self.served
+        self.virtual = start = served[agent]
+        served[agent] = start + n
+
+    def least_served(self, agents: Iterable[str]) -> int:
+        """The least served of ``agents`` (each has requests queued)."""
+        served = self.served
+        return min(served[agent] for agent in agents)
 
 
 class Lane:
     """One priority class's requests in one model's queue, by agent (see the module's docstring)."""
 
-    __slots__ = ("_by_agent", "_by_class", "_class", "_held", "count", "small", "urgent")
+    __slots__ = ("_by_agent", "_by_class", "_class", "_counts", "_held", "count", "small", "urgent")
 
-    def __init__(
-        self, held: dict[str, int] | None = None, by_class: list[int] | None = None, index: int = 0
-    ) -> None:
+    def __init__(self, counts: Counts | None = None, index: int = 0) -> None:
         # Each agent's slices, oldest first; the dict's order is the agents' turn order.
         self._by_agent: dict[str, deque[list[WorkItem]]] = {}
-        self._held = {} if held is None else held  # requests queued per agent, over the pool's lanes
-        # requests queued per class over the pool's queues (``index``: this lane's), as ``held`` per agent
-        self._by_class = [0, 0, 0] if by_class is None else by_class
+        # What the pool's lanes count together (``index``: this lane's class)
+        self._counts = counts = Counts() if counts is None else counts
+        self._held = counts.held
+        self._by_class = counts.by_class
         self._class = index
         self.count = 0
         self.urgent = 0  # of them, urgent frames' (WorkItem.urgent; a slice is one frame's: all or none)
@@ -66,7 +124,10 @@ class Lane:
         self.count += n
         self._by_class[self._class] += n
         held = self._held
-        held[agent] = held.get(agent, 0) + n
+        before = held.get(agent, 0)
+        held[agent] = before + n
+        if not before:
+            self._counts.joined(agent)
         if items[0].urgent:
             self.urgent += n
         if items[0].small:
@@ -85,6 +146,16 @@ class Lane:
                 oldest = first
         return oldest
 
+    def rank(self) -> tuple[int, float]:
+        """The least served of the agents here (:attr:`Counts.served`) and when the oldest request here was
+        queued (the lane is not empty)."""
+        by_agent = self._by_agent
+        if len(by_agent) == 1:  # mostly
+            for agent, slices in by_agent.items():
+                return self._counts.served[agent], slices[0][0].enqueued
+        oldest = min(slices[0][0].enqueued for slices in by_agent.values())
+        return self._counts.least_served(by_agent), oldest
+
     def take(self, n: int, out: list[WorkItem]) -> None:
         """Move up to ``n`` requests into ``out``: the agents in turn, each at most an equal share of the
         room left (at least one), each one's oldest first; those served go to the back of the turn order."""
@@ -99,6 +170,18 @@ class Lane:
                 if n <= 0:
                     break
                 n -= self._take_from(agent, min(share, n), out)
+
+    def small_first(self) -> bool:
+        """Whether an agent whose line a small frame's requests lead is served less than every agent whose
+        line larger frames' lead (:attr:`Counts.served`)."""
+        served = self._counts.served
+        small = large = math.inf
+        for agent, slices in self._by_agent.items():
+            if slices[0][0].small:
+                small = min(small, served[agent])
+            else:
+                large = min(large, served[agent])
+        return small < large
 
     def take_small(self, limit: int, out: list[WorkItem]) -> None:
         """Move into ``out`` up to ``limit`` requests of small frames (WorkItem.small), the agents in turn,
@@ -160,6 +243,8 @@ class Lane:
                 small += moved
         if slices:
             self._by_agent[agent] = slices
+        if taken:
+            self._counts.took(agent, taken)
         self._moved(agent, taken, urgent, small)
         return taken
 
@@ -199,6 +284,8 @@ class Lane:
 
     def _moved(self, agent: str, n: int, urgent: int, small: int) -> None:
         """``n`` of ``agent``'s requests left the lane, ``urgent`` of them urgent, ``small`` small frames'."""
+        if not n:
+            return
         self.count -= n
         self._by_class[self._class] -= n
         self.urgent -= urgent
@@ -209,6 +296,7 @@ class Lane:
             held[agent] = left
         else:
             held.pop(agent, None)
+            self._counts.left(agent)
 
 
 class ModelQueue:
@@ -217,15 +305,10 @@ class ModelQueue:
 
     __slots__ = ("lanes", "small_last")
 
-    def __init__(self, held: dict[str, int] | None = None, by_class: list[int] | None = None) -> None:
-        """``held`` and ``by_class``: the pool's counts per agent and per class, kept by its lanes."""
-        held = {} if held is None else held
-        by_class = [0, 0, 0] if by_class is None else by_class
-        self.lanes: tuple[Lane, Lane, Lane] = (
-            Lane(held, by_class, 0),
-            Lane(held, by_class, 1),
-            Lane(held, by_class, 2),
-        )
+    def __init__(self, counts: Counts | None = None) -> None:
+        """``counts``: what the pool's lanes count together."""
+        counts = Counts() if counts is None else counts
+        self.lanes: tuple[Lane, Lane, Lane] = (Lane(counts, 0), Lane(counts, 1), Lane(counts, 2))
         self.small_last = False  # the last batch was small frames' alone: larger frames' turn (take_batch)
 
     def __len__(self) -> int:
@@ -250,6 +333,17 @@ class ModelQueue:
                 return lane.head()
         return None
 
+    def rank(self) -> Rank | None:
+        """How the queue ranks for the pool's next batch (:data:`Rank`); None: it is empty."""
+        for index, lane in enumerate(self.lanes):
+            if lane.count:
+                by_agent = lane._by_agent
+                if len(by_agent) == 1:  # mostly: its one agent's
+                    for agent, slices in by_agent.items():
+                        return index, lane._counts.served[agent], slices[0][0].enqueued
+                return (index, *lane.rank())
+        return None
+
     def oldest_enqueued(self) -> float:
         """When the oldest request queued was queued (the queue is not empty)."""
         oldest = math.inf
@@ -259,19 +353,24 @@ class ModelQueue:
                     oldest = min(oldest, slices[0][0].enqueued)
         return oldest
 
-    def take_batch(self, size: int, inline: int) -> list[WorkItem]:
+    def take_batch(self, size: int, inline: int, *, costly: bool = False) -> list[WorkItem]:
         """The next batch of up to ``size``. Where that is more than the CPU stage runs in the gateway's own
-        process (``inline``) and the most urgent lane holding requests holds small frames' beside others
-        (larger frames' in it or any in a less urgent lane), the lane's small and larger frames take turns:
-        a batch of the small frames' alone (:meth:`Lane.take_small`, at most ``inline``: run inline), then
-        one of its larger frames' alone (:meth:`Lane.take_large`), so neither rides the other's batches and
-        a stream of small frames cannot hold larger ones back. Else :meth:`take`."""
-        lane = None if size <= inline else next((lane for lane in self.lanes if lane.count), None)
+        process (``inline``), or ``costly`` (such a batch costs the backend much more than one of a few
+        requests: the pool's time grows with its rows), and the most urgent lane holding requests holds
+        small frames' beside others (larger frames' in it or any in a less urgent lane), the lane's small and
+        larger frames take turns: a batch of the small frames' alone (:meth:`Lane.take_small`, at most
+        ``inline``: run inline), then one of its larger frames' alone (:meth:`Lane.take_large`), so neither
+        rides the other's batches and a stream of small frames cannot hold larger ones back; except that
+        small frames go first whenever an agent they lead is served less than every agent whose larger
+        frames lead (:meth:`Lane.small_first`: fair queueing, as between queues). Else :meth:`take`."""
+        apart = size > inline or costly
+        lane = next((lane for lane in self.lanes if lane.count), None) if apart else None
         if lane is not None and lane.small and len(self) > lane.small:
             # Small frames' requests lead the batch and others would fill it (larger frames' in this lane,
             # or any in a less urgent one, which wait for this lane as always).
-            small, large = (lane.take_small, inline), (lane.take_large, size)
-            for take, most in (large, small) if self.small_last else (small, large):
+            small, large = (lane.take_small, min(inline, size)), (lane.take_large, size)
+            large_first = self.small_last and not lane.small_first()
+            for take, most in (large, small) if large_first else (small, large):
                 out: list[WorkItem] = []
                 take(most, out)
                 if out:

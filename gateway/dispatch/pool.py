@@ -31,7 +31,7 @@ from gateway.dispatch import admission
 from gateway.dispatch.breaker import BreakerState, CircuitBreaker
 from gateway.dispatch.cpu import CpuStage, CpuTaskFailed
 from gateway.dispatch.eager import start_eagerly
-from gateway.dispatch.lanes import Lane, ModelQueue
+from gateway.dispatch.lanes import Counts, Lane, ModelQueue, Rank
 from gateway.dispatch.work import LEAST_URGENT, PRIORITY_ORDER, WorkItem
 from gateway.ops.metrics import GatewayMetrics
 from inference.backends.base import (
@@ -68,6 +68,9 @@ _DOING: Final[dict[Stage, str]] = {
 }
 MAX_ERROR_CHARS: Final = 512
 _IDLE: Final = (0, 0)  # an empty queue's urgent depths
+_Picked = tuple[tuple[str, str, int], ModelQueue, ModelSpec | None, int]  # queue's key, it, spec, to take
+
+
 _OBJECT_REPR = re.compile(r"\s*<[^<>]* at 0x[0-9a-fA-F]+>")
 
 
@@ -150,8 +153,11 @@ class PoolDispatcher:
         # One queue per (model, version, size group); the size group is 0 unless padding makes it matter.
         self._queues: dict[tuple[str, str, int], ModelQueue] = {}
         self._depth = 0
-        self._held: dict[str, int] = {}  # requests queued per agent (the lanes keep it)
-        self._by_class = [0, 0, 0]  # requests queued per class, realtime first (the lanes keep it)
+        # Kept by the lanes: requests queued per agent and per class (realtime first), and how many of each
+        # agent's have been served (the batcher's pick between queues: fair queueing, lanes.Counts).
+        self._counts = Counts()
+        self._held = self._counts.held
+        self._by_class = self._counts.by_class
         self._inflight: set[asyncio.Task[None]] = set()
         # The batcher is a callback, not a task: a submit schedules one pass for the end of the current
         # loop tick (so a whole frame is queued before batches are cut), a finished batch another, and a
@@ -197,6 +203,10 @@ class PoolDispatcher:
         # backend call per such batch; the flood's batches stay full (capping them at 32, as for realtime,
         # cost the flood 5%). By agent, not by frame, it misfired: a load of eight agents' frames of 100,
         # each agent holding a few dozen once its frame was partly served, was cut into small batches.
+        # The same where a batch would cost the backend more than ``realtime_fill_us`` by the pool's time
+        # per request, whatever its size: on a device whose time grows with rows (the simulated server, 0.2
+        # ms a row), a lone interactive request rode a flood's batch of 32 ranking requests of ~20 rows
+        # each, ~130 ms of backend call (its answers' infer_us p99 ~150 ms, alone 5 ms).
         self._task_name = f"batch-{name}"
         # This pool's metric children, taken from metrics.child on first use (a series appears when it is
         # first written, as before) and kept here: a batch of one would otherwise pay a lookup each.
@@ -322,7 +332,7 @@ class PoolDispatcher:
     def _queue_of(self, key: tuple[str, str, int]) -> ModelQueue:
         queue = self._queues.get(key)
         if queue is None:
-            queue = self._queues[key] = ModelQueue(self._held, self._by_class)
+            queue = self._queues[key] = ModelQueue(self._counts)
         return queue
 
     def _push_out(self, agent: str, n: int, need: int, lane: int) -> bool:
@@ -468,20 +478,44 @@ class PoolDispatcher:
 
     # ------------------------------------------------------------------ batcher
 
-    def _pick(self, *, urgent_only: bool = False) -> tuple[tuple[str, str, int], ModelQueue] | None:
-        """The queue whose head ranks first (class, then age); ``urgent_only``: of those holding realtime
-        requests of urgent frames (what may use the realtime reserve)."""
-        best: tuple[tuple[int, float], tuple[str, str, int], ModelQueue] | None = None
+    def _ranked(self, *, urgent_only: bool = False) -> list[tuple[Rank, tuple[str, str, int], ModelQueue]]:
+        """The queues holding requests, each with its rank (lanes.Rank: class, then the least served agent
+        there, then age); ``urgent_only``: those holding realtime requests of urgent frames (what may use
+        the realtime reserve)."""
+        ranked = []
         for key, queue in self._queues.items():
             if urgent_only and not queue.lanes[0].urgent:
                 continue
-            head = queue.head()
-            if head is None:
+            rank = queue.rank()
+            if rank is not None:
+                ranked.append((rank, key, queue))
+        return ranked
+
+    def _pick(self, now: float, *, urgent_only: bool = False) -> _Picked | float | None:
+        """The queue that ranks first (``_ranked``), with its model's spec and how many to take
+        (``_ready_size``); where it waits for company, the first one of its class after it that is ready
+        (a queue of a less urgent class does not go before it). None: nothing is queued; a float: how long
+        until the first is ready."""
+        ranked = self._ranked(urgent_only=urgent_only)
+        if not ranked:
+            return None
+        rank, key, queue = min(ranked) if len(ranked) > 1 else ranked[0]  # keys differ: ranks decide
+        spec = self._spec(key[0], key[1])
+        size = self._ready_size(queue, now, spec)
+        if size:
+            return key, queue, spec, size
+        wait = self._delay_for(queue) - (now - queue.oldest_enqueued())
+        # Ranked by service before age, the first may be a request that came just now, alone: while it waits
+        # for company, the others of its class that are ready go (before, the first was always the oldest,
+        # and the rest waited its delay with it).
+        for other_rank, other_key, other in sorted(ranked):
+            if other is queue or other_rank[0] != rank[0]:
                 continue
-            rank = (PRIORITY_ORDER[head.priority], head.enqueued)
-            if best is None or rank < best[0]:
-                best = (rank, key, queue)
-        return None if best is None else (best[1], best[2])
+            spec = self._spec(other_key[0], other_key[1])
+            size = self._ready_size(other, now, spec)
+            if size:
+                return other_key, other, spec, size
+        return max(wait, 0.0)
 
     def _ready_size(self, queue: ModelQueue, now: float, spec: ModelSpec | None) -> int:
         """How many to take now; 0 = wait for more (Triton's preferred sizes and max queue delay).
@@ -536,29 +570,28 @@ class PoolDispatcher:
         realtime = False  # realtime batches cut in this pass, their answers not sent yet
         while self._running and len(self._inflight) < self.concurrency + self._reserve:
             reserved = len(self._inflight) >= self.concurrency  # past it: urgent realtime batches only
-            picked = self._pick(urgent_only=reserved)
+            now = time.monotonic()
+            picked = self._pick(now, urgent_only=reserved)
             if picked is None:
                 return
-            key, queue = picked
+            if isinstance(picked, float):  # the first in line waits for company
+                assert self._loop is not None
+                self._timer = self._loop.call_later(picked, self._schedule_pass)
+                return
+            key, queue, spec, size = picked
             if realtime and not queue.lanes[0].count:  # the rest of the pass has no realtime request
                 realtime = False
                 self._send_realtime_answers()
             realtime = realtime or bool(queue.lanes[0].count)
-            now = time.monotonic()
-            spec = self._spec(key[0], key[1])
-            size = self._ready_size(queue, now, spec)
-            if size == 0:
-                wait = self._delay_for(queue) - (now - queue.oldest_enqueued())
-                assert self._loop is not None
-                self._timer = self._loop.call_later(max(wait, 0.0), self._schedule_pass)
-                return
             first_lane = queue.lanes[0]
             if reserved:  # the realtime ones alone (fill would ride the reserve, their deadlines passed)
                 items = queue.take(min(size, first_lane.count))
             elif first_lane.urgent:  # the realtime ones, and others as far as they cost little time
                 items = queue.take(self._realtime_size(size, first_lane.count))
             else:
-                items = queue.take_batch(size, self._realtime_batch)  # small frames' apart (see __init__)
+                # small frames' apart (see __init__)
+                costly = size * self._ewma_item_s > self._realtime_fill_s
+                items = queue.take_batch(size, self._realtime_batch, costly=costly)
             self._depth -= len(items)
             if not queue:
                 self._queues.pop(key, None)

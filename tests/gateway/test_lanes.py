@@ -4,7 +4,7 @@ requests keep their order; a more urgent lane still goes first."""
 from __future__ import annotations
 
 from edgewire import pb
-from gateway.dispatch.lanes import Lane, ModelQueue
+from gateway.dispatch.lanes import Counts, Lane, ModelQueue
 from gateway.dispatch.work import WorkItem
 from routing.types import Decision, Priority, Reason, Tier
 
@@ -134,8 +134,9 @@ def test_an_agents_newest_requests_are_dropped_from_the_tail_and_the_counts_foll
     """drop_newest takes an agent's newest slice, then splits the one before; the lane's counts, its urgent
     count and the agents' counts shared with the pool follow, and the agent keeps its turn while it has
     requests left."""
-    held: dict[str, int] = {}
-    lane = Lane(held)
+    counts = Counts()
+    held = counts.held
+    lane = Lane(counts)
     lane.add(frame("a", 5, 0.0, tag="f0"))
     lane.add(frame("b", 3, 1.0))
     late = frame("a", 4, 2.0, tag="f1")
@@ -155,8 +156,9 @@ def test_an_agents_newest_requests_are_dropped_from_the_tail_and_the_counts_foll
 def test_the_queues_of_a_pool_count_its_requests_per_class_together() -> None:
     """Two model queues sharing one count per class (the pool's: PoolSignals.urgent_depth reads it):
     adds, takes and drops keep it equal to the lanes' own counts."""
-    by_class = [0, 0, 0]
-    first, second = ModelQueue({}, by_class), ModelQueue({}, by_class)
+    counts = Counts()
+    by_class = counts.by_class
+    first, second = ModelQueue(counts), ModelQueue(counts)
     first.add(0, frame("a", 2, 0.0))
     first.add(2, frame("a", 5, 0.0, tag="b"))
     second.add(1, frame("b", 3, 1.0))
@@ -198,23 +200,44 @@ def test_small_frames_requests_are_taken_apart_from_a_floods() -> None:
     assert (len(out), lane.small, len(lane)) == (40, 8, 8)
 
 
-def test_small_frames_batches_alternate_with_the_larger_frames_however_many_keep_coming() -> None:
+def test_small_frames_batches_take_turns_with_the_larger_frames_however_many_keep_coming() -> None:
     """take_batch: where a batch is too large to run inline, small frames' requests and larger frames'
-    take turns, each alone: with 16 small requests arriving before every cut, the flood still gets every
-    other batch, whole."""
+    go in batches of their own; small frames first while their agent is served less than the flood's
+    (fair queueing by requests, as between queues), else in turns. Two agents each bring 16 small
+    requests before every cut (one agent's small frames, then the other's): the flood gets a whole batch
+    of 128 whenever both have been served as many requests as it has (taking the small ones first every
+    time, the flood got none; letting them share the flood's batch, they rode its CPU worker round trips;
+    until 2026-12-07 the turns were strict, a small frames' batch then a flood's, whoever was served
+    more)."""
     queue = ModelQueue()
     for f in range(4):
         queue.add(1, frame("flood", 100, 0.0, tag=f"f{f}"))
     cuts = []
-    for turn in range(6):
-        queue.add(1, small(frame(f"s{turn}", 8, float(turn), tag="x")))
-        queue.add(1, small(frame(f"s{turn}", 8, float(turn), tag="y")))
+    for turn in range(40):
+        agent = f"s{turn % 2}"
+        queue.add(1, small(frame(agent, 8, float(turn), tag=f"x{turn}")))
+        queue.add(1, small(frame(agent, 8, float(turn), tag=f"y{turn}")))
         batch = queue.take_batch(128, 32)
         cuts.append((len(batch), sum(1 for item in batch if item.agent_id == "flood")))
-    # small frames' alone, then the flood's alone, in turns (taking the small ones alone every time, the
-    # flood got none; letting them share the flood's batch, they rode its CPU worker round trips)
-    assert cuts == [(16, 0), (128, 128), (32, 0), (128, 128), (32, 0), (128, 128)]
+    # first both new (level): small first, then in turns; the flood's 128 served, the small frames go
+    # first until each agent has been served 128 too, and so on
+    flood, smalls = [(128, 128), (32, 0)], [(16, 0)]
+    assert cuts == smalls + flood + smalls * 13 + flood + smalls * 14 + flood + smalls * 6
+    counts = queue.lanes[1]._counts
+    assert (counts.served, counts.gone) == ({"flood": 384}, {"s0": 320, "s1": 320})
     assert queue.take_batch(16, 32) and not queue.small_last  # small enough to run inline: the usual cut
+
+
+def test_small_frames_batch_apart_where_a_batch_costs_the_backend_much_even_if_it_runs_inline() -> None:
+    """A batch of 16 runs inline (16 <= 32): small frames' requests ride it with the flood's, unless the
+    pool says such a batch is costly (its time per request: a device whose time grows with rows), then
+    they go alone."""
+    for costly, first in ((False, 16), (True, 1)):
+        queue = ModelQueue()
+        queue.add(1, frame("flood", 100, 0.0))
+        queue.add(1, small(frame("b", 1, 1.0)))
+        batch = queue.take_batch(16, 32, costly=costly)
+        assert len(batch) == first and ("b-0" in ids(batch)) is True
 
 
 def test_small_frames_batch_alone_when_only_a_less_urgent_lane_holds_a_flood() -> None:
@@ -230,3 +253,22 @@ def test_small_frames_batch_alone_when_only_a_less_urgent_lane_holds_a_flood() -
     alone.add(1, small(frame("c", 4, 0.0)))
     alone.add(1, small(frame("d", 4, 0.0)))
     assert len(alone.take_batch(128, 32)) == 8 and not alone.small_last
+
+
+def test_an_agent_that_comes_starts_where_the_last_batch_began() -> None:
+    """Fair queueing's tags (Counts.served, in requests): a served 64 in two batches; b comes with 3
+    requests and starts at 32, where a's last batch began (not at 0: ahead of a by all a was served; not
+    at 64: level with a, its requests older), so b's queue ranks first; served, b leaves the counts. c
+    comes with 100 and starts at 32 too: one batch of c's, then a's queue ranks first again (level, older)."""
+    counts = Counts()
+    x, y = ModelQueue(counts), ModelQueue(counts)
+    x.add(1, frame("a", 128, 0.0))
+    assert ids(x.take(32)) == [f"a-{i}" for i in range(32)] and len(x.take(32)) == 32
+    y.add(1, frame("b", 3, 1.0))
+    assert counts.served == {"a": 64, "b": 32}
+    assert y.rank() == (1, 32, 1.0) < (1, 64, 0.0) == x.rank()
+    assert ids(y.take(32)) == ["b-0", "b-1", "b-2"] and counts.served == {"a": 64}
+    y.add(1, frame("c", 100, 2.0))
+    assert counts.served["c"] == 32 and y.rank() < x.rank()
+    y.take(32)
+    assert y.rank() == (1, 64, 2.0) > (1, 64, 0.0) == x.rank()

@@ -575,6 +575,10 @@ async def test_another_agents_request_goes_in_the_next_batch_not_behind_a_flood(
     not the eighth and last (gateway/dispatch/lanes.py: the agents share each batch of their class)."""
     # A batch goes out full: a cut for no other reason.
     overrides = one_text_queue(models_dir, batch=8, delay_us=3_600_000_000)
+    # The held first call makes the pool's time per request long, so a small frame's request would go in a
+    # batch of its own (ModelQueue.take_batch, costly: tests/gateway/test_lanes.py); the lane's sharing is
+    # what this tests.
+    overrides["pools"]["cpu"]["realtime_fill_us"] = 3_600_000_000
     flood, lone = flood_and_lone(64, seed=53)
     async with flood_beside(models_dir, overrides) as (gw, flooding, other, embedded):
         cpu = gw.pools["cpu"]
@@ -599,6 +603,7 @@ async def test_a_full_queue_takes_another_agents_requests_by_pushing_out_the_flo
     (gateway/dispatch/admission.py). First come first served, the other agent's were refused OVERLOADED.
     The flood's own further requests still find the queue full."""
     overrides = one_text_queue(models_dir, batch=8, delay_us=3_600_000_000)
+    overrides["pools"]["cpu"]["realtime_fill_us"] = 3_600_000_000  # the other's 4 ride the flood's batches
     for pool in overrides["routing"]["pools"]:
         pool["max_queue_depth"] = 16
     flood, lone = flood_and_lone(29, seed=61)
@@ -640,6 +645,7 @@ async def test_a_full_queue_of_batch_requests_takes_the_same_agents_more_urgent_
     always at its own share, so its batch flood refused its realtime requests. A further batch request
     still finds the queue full, and the realtime request is served first when the call is let go."""
     overrides = one_text_queue(models_dir, batch=8, delay_us=3_600_000_000)
+    overrides["pools"]["cpu"]["realtime_fill_us"] = 3_600_000_000  # the other's 4 ride the flood's batches
     for pool in overrides["routing"]["pools"]:
         pool["max_queue_depth"] = 16
     overrides["pools"]["cpu"]["realtime_fill_us"] = 3_600_000_000  # its batch filled to 8, as the flood's
