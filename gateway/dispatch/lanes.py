@@ -133,19 +133,6 @@ class Lane:
         if items[0].small:
             self.small += n
 
-    def head(self) -> WorkItem | None:
-        """The request queued first of those at the front of each agent's line (None: the lane is empty)."""
-        by_agent = self._by_agent
-        if len(by_agent) == 1:  # mostly
-            for slices in by_agent.values():
-                return slices[0][0]
-        oldest: WorkItem | None = None
-        for slices in by_agent.values():
-            first = slices[0][0]
-            if oldest is None or first.enqueued < oldest.enqueued:
-                oldest = first
-        return oldest
-
     def rank(self) -> tuple[int, float]:
         """The least served of the agents here (:attr:`Counts.served`) and when the oldest request here was
         queued (the lane is not empty)."""
@@ -322,16 +309,6 @@ class ModelQueue:
 
     def add(self, lane: int, items: list[WorkItem]) -> None:
         self.lanes[lane].add(items)
-
-    def head(self) -> WorkItem | None:
-        """The oldest request of the most urgent lane that has any."""
-        for lane in self.lanes:
-            if lane.count:
-                if len(lane._by_agent) == 1:  # mostly: its one agent's oldest
-                    for slices in lane._by_agent.values():
-                        return slices[0][0]
-                return lane.head()
-        return None
 
     def rank(self) -> Rank | None:
         """How the queue ranks for the pool's next batch (:data:`Rank`); None: it is empty."""

@@ -86,13 +86,17 @@ def test_with_less_room_than_agents_the_next_batch_begins_with_those_left_out() 
     assert all(len(batch) == 2 for batch in first_three)
 
 
-def test_head_is_the_oldest_at_the_front_of_any_agents_line() -> None:
-    lane = Lane()
-    assert lane.head() is None
+def test_a_lanes_rank_is_its_least_served_agents_count_and_its_oldest_request() -> None:
+    counts = Counts()
+    lane = Lane(counts)
     lane.add(frame("late", 2, 5.0))
     lane.add(frame("early", 2, 1.0))
-    head = lane.head()
-    assert head is not None and ids([head]) == ["early-0"]
+    assert lane.rank() == (0, 1.0)  # both new: level; the oldest at the front of any agent's line
+    out: list[WorkItem] = []
+    lane._take_from("early", 1, out)
+    assert (counts.served, lane.rank()) == ({"late": 0, "early": 1}, (0, 1.0))
+    lane._take_from("late", 2, out)
+    assert lane.rank() == (1, 1.0)  # early's alone now
 
 
 def test_model_queue_takes_lanes_in_priority_order_then_shares_within_one() -> None:
@@ -103,8 +107,7 @@ def test_model_queue_takes_lanes_in_priority_order_then_shares_within_one() -> N
     queue.add(0, frame("rt", 2, 4.0, tag="rt"))
     assert queue.realtime and len(queue) == 53
     assert queue.oldest_enqueued() == 0.0
-    head = queue.head()
-    assert head is not None and ids([head]) == ["rtrt-0"]
+    assert queue.rank() == (0, 0, 4.0)  # the realtime lane's
     batch = ids(queue.take(8))
     assert batch[:2] == ["rtrt-0", "rtrt-1"]
     assert "lone-0" in batch[2:] and len(batch) == 8
@@ -269,6 +272,6 @@ def test_an_agent_that_comes_starts_where_the_last_batch_began() -> None:
     assert y.rank() == (1, 32, 1.0) < (1, 64, 0.0) == x.rank()
     assert ids(y.take(32)) == ["b-0", "b-1", "b-2"] and counts.served == {"a": 64}
     y.add(1, frame("c", 100, 2.0))
-    assert counts.served["c"] == 32 and y.rank() < x.rank()
+    assert counts.served["c"] == 32 and y.rank() == (1, 32, 2.0)  # before x's (1, 64, 0.0)
     y.take(32)
     assert y.rank() == (1, 64, 2.0) > (1, 64, 0.0) == x.rank()

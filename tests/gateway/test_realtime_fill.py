@@ -12,6 +12,7 @@ import pytest
 
 from edgewire import pb
 from gateway.dispatch.work import WorkItem
+from gateway.testing import wait_for
 from routing.types import Priority
 from tests.gateway.test_pool_admission import Answers, pool, requests
 
@@ -103,4 +104,28 @@ async def test_the_reserve_goes_to_an_urgent_frames_request_whatever_queue_ranks
     held.submit(other_model)
     assert [ids for _, ids in held.started] == [["a-batch-0"], ["c-realtime-0"]]
     assert held.pool.depth == 1
+    await held.close()
+
+
+async def test_the_reserve_goes_to_the_agent_served_least_not_to_the_oldest_request() -> None:
+    """The slot and both reserve calls held by a's batch and two realtime requests; a's third realtime
+    request (another model) is queued, then b's: once the calls end, b's goes first (served less; fair
+    queueing over the pool's queues, gateway/dispatch/lanes.py Counts), though a's is older. Before, one
+    agent's realtime requests in other queues went first, all of them."""
+    held = HeldPool()
+    held.submit(requests("a", 1, Priority.BATCH))  # the slot
+    for model in ("rank-mlp", "text-encoder"):  # the reserve
+        part = urgent(requests("a", 1, Priority.REALTIME))
+        part[0].request.model_name = model
+        part[0].request.request_id = f"a-{model}".encode()
+        held.submit(part)
+    waiting = urgent(requests("a", 1, Priority.REALTIME))
+    waiting[0].request.model_name = "image-classifier"
+    held.submit(waiting)
+    held.submit(urgent(requests("b", 1, Priority.REALTIME)))
+    assert [ids for _, ids in held.started] == [["a-batch-0"], ["a-rank-mlp"], ["a-text-encoder"]]
+    assert held.pool.depth == 2
+    held.release.set()
+    await wait_for(lambda: held.pool.depth == 0, what="the queued realtime requests' batches")
+    assert [ids for _, ids in held.started[3:]] == [["b-realtime-0"], ["a-realtime-0"]]
     await held.close()
