@@ -99,7 +99,10 @@ class Admission:
                     local[(request.model_name, request.model_version)].append(request)
                 elif route is Route.FAIL_FAST:
                     self._callers.fail_fast(caller, request, "round_trip")
-                elif not self._uplink.has_room(self.reserved + len(direct) + len(spooled) + 1):
+                elif not self._uplink.has_room(
+                    self.reserved + len(direct) + len(spooled) + 1,
+                    realtime=request.priority == pb.PRIORITY_CLASS_REALTIME,
+                ):
                     self._refuse(ack, request, "agent in-flight window full")
                 elif wire_priority(request.priority).value not in self._config.spool.classes:
                     direct.append(request)

@@ -104,7 +104,8 @@ class UplinkConfig(_Section):
     send_window_initial: int = Field(default=64, ge=1)
     send_window_min: int = Field(default=8, ge=1)
     # realtime requests the gateway may hold past a full send window: a region's prefetch filling the
-    # window does not hold its page renders back at the agent (the gateway's [pools] realtime_reserve)
+    # window does not hold its page renders back at the agent (the gateway's [pools] realtime_reserve);
+    # also room in max_inflight (at most half) that only realtime requests take at the intake
     realtime_reserve: int = Field(default=16, ge=0)
     # a retryable refusal is resent after retry_after_ms x [1, 1 + retry_jitter]
     retry_jitter: float = Field(default=0.5, ge=0.0, le=4.0)

@@ -182,8 +182,14 @@ class Uplink:
         """True while the id is outstanding or was answered recently (a reused id)."""
         return self.outstanding.knows(request_id)
 
-    def has_room(self, n: int = 1) -> bool:
-        return len(self.outstanding) + n <= self._up.max_inflight
+    def has_room(self, n: int = 1, *, realtime: bool = False) -> bool:
+        """Whether ``n`` more requests fit in ``max_inflight``; less urgent ones leave ``realtime_reserve``
+        of it to realtime requests (a region's prefetch filling the agent does not refuse its page renders),
+        at most half of it."""
+        limit = self._up.max_inflight
+        if not realtime:
+            limit -= min(self._up.realtime_reserve, limit // 2)
+        return len(self.outstanding) + n <= limit
 
     def submit(self, requests: Sequence[pb.InferRequest], raws: Sequence[bytes] | None = None) -> None:
         """Take requests for Hong Kong (``raws``: each serialized, when made already: frames carry those

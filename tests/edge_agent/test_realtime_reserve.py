@@ -5,11 +5,13 @@ agent on it."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 
 from edge_agent.agent import EdgeAgent
+from edge_agent.client import EdgeClient
 from edgewire import pb
 from gateway.testing import wait_for
 from tests.edge_agent.conftest import agent_on_gateway
@@ -64,3 +66,50 @@ async def test_realtime_requests_go_past_a_full_send_window_up_to_the_reserve(
         finally:
             await caller.aclose()
     assert caller.statuses == {pb.STATUS_OK: 21}
+
+
+@pytest.mark.parametrize(
+    ("reserve", "batch_taken", "realtime_status"), [(2, 6, pb.STATUS_OK), (0, 8, pb.STATUS_OVERLOADED)]
+)
+async def test_the_agents_intake_keeps_room_for_realtime_requests_when_batch_ones_fill_it(
+    models_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    reserve: int,
+    batch_taken: int,
+    realtime_status: int,
+) -> None:
+    """``max_inflight`` (8) bounds what the agent holds for Hong Kong; batch requests may fill it only up to
+    ``realtime_reserve`` (2) short of it, so with the gateway's calls all held, 6 of 8 batch requests are
+    taken (2 refused "agent in-flight window full") and a realtime request still is, answered OK once the
+    calls go. With no reserve the batch requests fill it and the realtime request is refused."""
+    async with (
+        agent_on_gateway(
+            models_dir,
+            tmp_path / "spool",
+            gateway=slow_backends(),
+            local={"enabled": False},
+            uplink={"max_inflight": 8, "send_window_initial": 8, "realtime_reserve": reserve},
+        ) as (gw, agent),
+        EdgeClient(agent.intake_endpoint) as client,
+    ):
+        gate = Gate(gw, monkeypatch)
+        uplink = agent.uplink
+        assert uplink is not None
+        batch, urgent = synthetic(8, seed=51), synthetic(1, seed=52)
+        for request in batch:
+            request.priority = pb.PRIORITY_CLASS_BATCH
+        flood = asyncio.create_task(client.infer_many(batch, deadline_s=20))
+        await wait_for(lambda: uplink.inflight == batch_taken, what="the batch requests taken in")
+        page = asyncio.create_task(
+            client.infer(urgent[0], deadline_s=20, priority=pb.PRIORITY_CLASS_REALTIME)
+        )
+        if realtime_status == pb.STATUS_OK:
+            await wait_for(lambda: uplink.inflight == batch_taken + 1, what="the realtime request taken in")
+        gate.open()
+        batch_answers, page_answer = await asyncio.wait_for(asyncio.gather(flood, page), timeout=20)
+    refused = [r for r in batch_answers if r.status == pb.STATUS_OVERLOADED]
+    assert len(refused) == 8 - batch_taken
+    assert all("in-flight window full" in r.error_message for r in refused)
+    assert [r.status for r in batch_answers].count(pb.STATUS_OK) == batch_taken
+    assert page_answer.status == realtime_status
