@@ -48,6 +48,12 @@ class Recorded:
         return out
 
 
+def tagged(items: list[WorkItem], tag: str) -> list[WorkItem]:
+    for i, item in enumerate(items):
+        item.request.request_id = f"{item.agent_id}-{tag}-{i}".encode()
+    return items
+
+
 async def test_a_lone_request_in_a_queue_of_its_own_goes_in_the_next_batch_not_after_the_pools_older() -> (
     None
 ):
@@ -57,14 +63,11 @@ async def test_a_lone_request_in_a_queue_of_its_own_goes_in_the_next_batch_not_a
     on a simulated device, bench/realtime_under_load.py --queue-depth 256)."""
     recorded = Recorded()
     now = time.monotonic() - 1.0  # queued in the past: ready whatever the delay
-    recorded.submit(requests("a", 64, Priority.INTERACTIVE), "rank-mlp", now)
-    text = requests("a", 64, Priority.INTERACTIVE)
-    for i, item in enumerate(text):
-        item.request.request_id = f"a-text-{i}".encode()
-    recorded.submit(text, "text-encoder", now + 0.001)
+    recorded.submit(tagged(requests("a", 64, Priority.INTERACTIVE), "rank"), "rank-mlp", now)
+    recorded.submit(tagged(requests("a", 64, Priority.INTERACTIVE), "text"), "text-encoder", now + 0.001)
     recorded.submit(requests("b", 1, Priority.INTERACTIVE), "image-classifier", now + 0.002)
     assert recorded.cut() == [["a x 32"], ["b x 1"], ["a x 32"], ["a x 32"], ["a x 32"]]
-    assert recorded.batches[0][0] == "a-interactive-0"  # the oldest first, both being unserved
+    assert recorded.batches[0][0] == "a-rank-0"  # the oldest first, both being unserved
     assert recorded.pool.depth == 0 and recorded.pool._counts.served == {}  # none queued, none kept
 
 
@@ -73,19 +76,10 @@ async def test_a_lone_request_in_another_agents_queue_goes_with_its_next_batch()
     goes second (b not served yet), b's request in it (the lane shares the batch between a and b)."""
     recorded = Recorded()
     now = time.monotonic() - 1.0  # queued in the past: ready whatever the delay
-    recorded.submit(requests("a", 64, Priority.INTERACTIVE), "text-encoder", now)
-    ranking = requests("a", 64, Priority.INTERACTIVE)
-    for i, item in enumerate(ranking):
-        item.request.request_id = f"a-rank-{i}".encode()
-    recorded.submit(ranking, "rank-mlp", now + 0.001)
+    recorded.submit(tagged(requests("a", 64, Priority.INTERACTIVE), "text"), "text-encoder", now)
+    recorded.submit(tagged(requests("a", 64, Priority.INTERACTIVE), "rank"), "rank-mlp", now + 0.001)
     recorded.submit(requests("b", 1, Priority.INTERACTIVE), "rank-mlp", now + 0.002)
     assert recorded.cut()[:2] == [["a x 32"], ["a x 31", "b x 1"]]
-
-
-def tagged(items: list[WorkItem], tag: str) -> list[WorkItem]:
-    for i, item in enumerate(items):
-        item.request.request_id = f"{item.agent_id}-{tag}-{i}".encode()
-    return items
 
 
 async def test_an_agent_sending_little_goes_first_in_every_queue_it_shares_with_a_flood() -> None:
