@@ -314,10 +314,6 @@ class ModelQueue:
         """How the queue ranks for the pool's next batch (:data:`Rank`); None: it is empty."""
         for index, lane in enumerate(self.lanes):
             if lane.count:
-                by_agent = lane._by_agent
-                if len(by_agent) == 1:  # mostly: its one agent's
-                    for agent, slices in by_agent.items():
-                        return index, lane._counts.served[agent], slices[0][0].enqueued
                 return (index, *lane.rank())
         return None
 

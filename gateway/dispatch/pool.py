@@ -69,8 +69,6 @@ _DOING: Final[dict[Stage, str]] = {
 MAX_ERROR_CHARS: Final = 512
 _IDLE: Final = (0, 0)  # an empty queue's urgent depths
 _Picked = tuple[tuple[str, str, int], ModelQueue, ModelSpec | None, int]  # queue's key, it, spec, to take
-
-
 _OBJECT_REPR = re.compile(r"\s*<[^<>]* at 0x[0-9a-fA-F]+>")
 
 
@@ -437,7 +435,6 @@ class PoolDispatcher:
         items = [item for queue in self._queues.values() for item in queue.take(len(queue))]
         self._queues.clear()
         self._depth = 0
-        self._held.clear()
         return items
 
     # ------------------------------------------------------------------ lifecycle

@@ -39,13 +39,14 @@ def test_a_realtime_batch_takes_others_as_far_as_their_time_allows(
 
 
 class HeldPool:
-    """A pool of one slot (concurrency 1, reserve 2, no queue delay) whose batches are recorded as they start
-    (with the batches then in flight) and held until ``release`` is set; ``cut`` runs its batcher's pass
-    now, as the loop would next (a batch starts eagerly: recorded before the pass returns)."""
+    """A pool of one slot (concurrency 1, reserve 2, no queue delay; a queue of ``capacity``) whose batches
+    are recorded as they start (with the batches then in flight) and held until ``release`` is set; ``cut``
+    runs its batcher's pass now, as the loop would next (a batch starts eagerly: recorded before the pass
+    returns)."""
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int = 32) -> None:
         self.answers = Answers()
-        self.pool = p = pool(32, self.answers)
+        self.pool = p = pool(capacity, self.answers)
         p.concurrency = 1
         p._delay_s = 0.0  # max_queue_delay_us 0: a batch goes at once
         self.started: list[tuple[int, list[str]]] = []
