@@ -26,6 +26,7 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -53,7 +54,8 @@ fsync = "batch"
 max_records = {max_records}
 linger_ms = {linger_ms}
 [uplink]
-max_inflight = 50000
+max_inflight = {max_inflight}
+realtime_reserve = {realtime_reserve}
 ping_interval_s = 0.2
 [http]
 port = 0
@@ -149,6 +151,45 @@ async def feed(intake: str, requests: list[pb.InferRequest], seconds: float) -> 
             task.cancel()
 
 
+@contextlib.contextmanager
+def running_agent(
+    work: Path,
+    tag: str,
+    endpoint: str,
+    max_records: int,
+    linger_ms: float,
+    *,
+    max_inflight: int = 50_000,
+    realtime_reserve: int = 16,
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """An edge agent process on AGENT_TOML, its files under ``work`` by ``tag``: its intake endpoint and the
+    process, once it has had 2 s to start (imports, first pongs); terminated after."""
+    intake = free_port()
+    config = work / f"agent-{tag}.toml"
+    config.write_text(
+        AGENT_TOML.format(
+            intake=intake,
+            endpoint=endpoint,
+            spool=work / f"spool-{tag}",
+            max_records=max_records,
+            linger_ms=linger_ms,
+            max_inflight=max_inflight,
+            realtime_reserve=realtime_reserve,
+        )
+    )
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "edge_agent", "--config", str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(2.0)  # the agent's start-up; measured from the first accepts on
+        yield f"tcp://127.0.0.1:{intake}", agent
+    finally:
+        agent.terminate()
+        agent.wait(30)
+
+
 def run_mode(
     work: Path,
     gateway: tuple[int, int, str],
@@ -159,26 +200,9 @@ def run_mode(
 ) -> AgentRun:
     """One agent for ``mode``, fed for ``seconds``; ``gateway`` is (its pid, HTTP port, carrier endpoint)."""
     gateway_pid, gateway_http, endpoint = gateway
-    intake = free_port()
     max_records, linger = (100, 2.0) if mode == "batched" else (1, 0.0)
-    config = work / f"agent-{mode}.toml"
-    config.write_text(
-        AGENT_TOML.format(
-            intake=intake,
-            endpoint=endpoint,
-            spool=work / f"spool-{mode}",
-            max_records=max_records,
-            linger_ms=linger,
-        )
-    )
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "edge_agent", "--config", str(config)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
     samplers: list[StackSampler] = []
-    try:
-        time.sleep(2.0)  # the agent's start-up (imports, first pongs); measured from the first accepts on
+    with running_agent(work, mode, endpoint, max_records, linger) as (intake, agent):
         before, frames_before = accepted(gateway_http)
         cpu_before = cpu_readings(agent.pid, gateway_pid)
         if steps:  # py-spy from outside, not pausing them: both loops at about 250 samples a second
@@ -189,13 +213,10 @@ def run_mode(
         with contextlib.ExitStack() as sampling:
             for sampler in samplers:
                 sampling.enter_context(sampler)
-            asyncio.run(feed(f"tcp://127.0.0.1:{intake}", requests, seconds))
+            asyncio.run(feed(intake, requests, seconds))
         elapsed = time.monotonic() - started
         cpu_after = cpu_readings(agent.pid, gateway_pid)
         after, frames_after = accepted(gateway_http)
-    finally:
-        agent.terminate()
-        agent.wait(30)
     got = int(after - before)
     agent_us, gateway_us, driver_us, gateway_loop_us, agent_loop_us = (
         (a - b) * 1e6 / max(got, 1) for a, b in zip(cpu_after, cpu_before, strict=True)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,14 +33,13 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.agent_bench import AGENT_TOML, accepted, feed
+from bench.agent_bench import accepted, feed, running_agent
 from bench.gateway_bench import start_gateway
 from bench.netns import reexec_in_namespace
 from bench.report import machine, stamp, table, update_section
 from edge_agent.client import EdgeClient
 from edge_agent.synthetic import SyntheticTraffic
 from edgewire import pb
-from gateway.testing_servers import free_port
 
 SIMULATED = "simulated_call_s = 0.005\nsimulated_row_s = 0.0002"
 RESERVES = (16, 0)
@@ -108,31 +106,14 @@ def run(
     tag: str,
 ) -> None:
     http_port, endpoint = gateway
-    intake = free_port()
-    config = work / f"agent-{tag}.toml"
-    text = AGENT_TOML.format(
-        intake=intake, endpoint=endpoint, spool=work / f"spool-{tag}", max_records=100, linger_ms=2.0
-    )
-    text = text.replace(
-        "max_inflight = 50000",
-        f"max_inflight = {max_inflight}\nrealtime_reserve = {setting.reserve}",
-    )
-    config.write_text(text)
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "edge_agent", "--config", str(config)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        time.sleep(2.0)  # the agent's start-up
+    with running_agent(
+        work, tag, endpoint, 100, 2.0, max_inflight=max_inflight, realtime_reserve=setting.reserve
+    ) as (intake, _):
         before, _ = accepted(http_port)
         started = time.monotonic()
-        latencies = asyncio.run(both(f"tcp://127.0.0.1:{intake}", flood, lone, rate, seconds))
+        latencies = asyncio.run(both(intake, flood, lone, rate, seconds))
         elapsed = time.monotonic() - started
         after, _ = accepted(http_port)
-    finally:
-        agent.terminate()
-        agent.wait(30)
     answered = [x for x in latencies if not math.isnan(x)]
     setting.latencies_ms += answered
     setting.ok += len(answered)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
 import sys
 import tempfile
 import threading
@@ -38,7 +37,7 @@ import zmq
 from google.protobuf import json_format
 
 from bench import baselines
-from bench.agent_bench import AGENT_TOML
+from bench.agent_bench import running_agent
 from bench.gateway_bench import (
     FEATURES,
     Peer,
@@ -55,7 +54,6 @@ from bench.gateway_bench import (
 from bench.report import BENCHMARKS_MD, machine, stamp, table, update_section
 from edge_agent.client import EdgeClient
 from edgewire import FrameCodec, pb
-from gateway.testing_servers import free_port
 
 NO_ANSWER = "no answer from the edge agent in time"  # what EdgeClient answers for a request never answered
 
@@ -344,22 +342,9 @@ def agent_stress(
     """``n`` requests handed to a real edge agent at once (``n / chunk`` concurrent ``infer_many`` calls
     of a local service), through it to the gateway: each answered or refused, none lost (a request the
     agent never answers comes back from EdgeClient as "no answer"); peak RSS of agent and gateway."""
-    intake = free_port()
-    config = work / "agent-stress.toml"
-    endpoint = gateway.endpoint
-    config.write_text(
-        AGENT_TOML.format(
-            intake=intake, endpoint=endpoint, spool=work / "spool-stress", max_records=100, linger_ms=2.0
-        )
-    )
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "edge_agent", "--config", str(config)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
 
     async def run() -> list[pb.InferResponse]:
-        async with EdgeClient(f"tcp://127.0.0.1:{intake}", service="stress") as client:
+        async with EdgeClient(intake, service="stress") as client:
             copies = []
             for i in range(n):
                 request = pb.InferRequest()
@@ -369,17 +354,13 @@ def agent_stress(
             calls = [client.infer_many(copies[i : i + chunk], deadline_s=60) for i in range(0, n, chunk)]
             return [r for answers in await asyncio.gather(*calls) for r in answers]
 
-    try:
-        time.sleep(2.0)  # the agent's start-up: imports, discovery, its first pong
+    with running_agent(work, "stress", gateway.endpoint, 100, 2.0) as (intake, agent):
         _reset_peak_rss(gateway.proc.pid)
         start = time.perf_counter()
         with PssPeak(gateway.proc.pid) as gateway_pss, PssPeak(agent.pid) as agent_pss:
             answers = asyncio.run(run())
         seconds = time.perf_counter() - start
         agent_rss = _peak_rss_mb(agent.pid)
-    finally:
-        agent.terminate()
-        agent.wait(30)
     statuses = Counter(pb.Status.Name(r.status) for r in answers)
     lost = sum(1 for r in answers if r.error_message == NO_ANSWER) + n - len(answers)
     return {
