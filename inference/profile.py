@@ -6,7 +6,8 @@ from edgewire import pb
 from inference.pipeline.textsize import estimated_tokens
 from routing.types import Priority, RequestKind, RequestProfile
 
-_PRIORITY: dict[int, Priority] = {
+PRIORITY_OF_WIRE: dict[int, Priority] = {
+    # the routing priority of each wire class (wire_priority's table, for loops that look it up themselves)
     pb.PRIORITY_CLASS_UNSPECIFIED: Priority.INTERACTIVE,
     pb.PRIORITY_CLASS_REALTIME: Priority.REALTIME,
     pb.PRIORITY_CLASS_INTERACTIVE: Priority.INTERACTIVE,
@@ -22,7 +23,7 @@ _KIND = {
 
 def wire_priority(value: int) -> Priority:
     """The routing priority of a wire class; unknown and UNSPECIFIED values are INTERACTIVE."""
-    return _PRIORITY.get(value, Priority.INTERACTIVE)
+    return PRIORITY_OF_WIRE.get(value, Priority.INTERACTIVE)
 
 
 def request_kind(request: pb.InferRequest) -> RequestKind:
@@ -47,7 +48,7 @@ width, text chars, text tokens, pixels, tensor elements)."""
 def sizes_of(request: pb.InferRequest) -> Sizes:
     """What :func:`profile_of` reads from a request, without building the profile (the frame path reads it
     for every request and builds profiles per group)."""
-    kind = request_kind(request)
+    kind = _KIND.get(request.kind) or request_kind(request)
     if kind is RequestKind.RANKING:
         ranking = request.ranking
         width = ranking.candidate_feature_width + len(ranking.user_dense)

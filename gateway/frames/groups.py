@@ -10,6 +10,7 @@ into one decision valid for all of them, or refuses to.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from edgewire import pb
@@ -55,8 +56,7 @@ class Screened:
     priorities: list[Priority] = field(default_factory=list)
     remaining: list[float | None] = field(default_factory=list)
     sizes: list[Sizes] = field(default_factory=list)
-    _works: list[float] = field(default_factory=list)  # each one's work, once grouped
-    _hints: list[float] = field(default_factory=list)  # each one's hint as routing reads it, once grouped
+    _work_of: Callable[..., float] | None = None  # the estimator's work_of, once grouped (for halves)
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -86,21 +86,22 @@ class Screened:
         """The screened requests grouped for routing, groups in the order of their first member."""
         groups: dict[GroupKey, Group] = {}
         work_of = estimator.work_of
-        works = self._works = []
-        hints = self._hints = []
-        for index, request in enumerate(self.requests):
-            sizes = self.sizes[index]
+        self._work_of = work_of
+        # Group.add inlined: this loop runs for every request of every frame. A group's key holds its hint,
+        # so its members share one (hint_low == hint_high, set as the group is made).
+        isnan = math.isnan
+        for index, (request, sizes, priority, remaining) in enumerate(
+            zip(self.requests, self.sizes, self.priorities, self.remaining, strict=True)
+        ):
             work = work_of(*sizes)
-            works.append(work)
             # As routing reads a hint: clamped to [0, 1], NaN none (apply_hint), like 0.
             hint = request.complexity_hint
-            hint = 0.0 if math.isnan(hint) else min(max(hint, 0.0), 1.0)
-            hints.append(hint)
-            remaining = self.remaining[index]
+            if hint != 0.0:
+                hint = 0.0 if isnan(hint) else (0.0 if hint < 0.0 else 1.0 if hint > 1.0 else hint)
             key = (
                 request.model_name,
                 request.model_version,
-                self.priorities[index],
+                priority,
                 sizes[0],
                 int(work).bit_length() if work > 0 else 0,
                 hint,
@@ -108,30 +109,48 @@ class Screened:
             )
             group = groups.get(key)
             if group is None:
-                group = groups[key] = Group()
-            group.add(index, work, hint, remaining)
+                group = groups[key] = Group([index], work, index, work, index, hint, hint)
+                if remaining is not None:
+                    group.deadline_low = group.deadline_high = remaining
+                continue
+            group.members.append(index)
+            if work < group.least_work:
+                group.least_work, group.least = work, index
+            elif work > group.most_work:
+                group.most_work, group.most = work, index
+            if remaining is not None:
+                if remaining < group.deadline_low:
+                    group.deadline_low = remaining
+                elif remaining > group.deadline_high:
+                    group.deadline_high = remaining
         return list(groups.values())
 
     def halves(self, group: Group) -> tuple[Group, Group] | None:
         """``group`` cut in two at its median work (less work in the first), or None when all its members
-        have the same work (a range that straddles a tier threshold becomes two that may not)."""
-        works = self._works
-        members = sorted(group.members, key=works.__getitem__)
+        have the same work (a range that straddles a tier threshold becomes two that may not). Only for a
+        group of :meth:`groups`' (their work is counted again here: few groups are cut)."""
+        work_of = self._work_of
+        assert work_of is not None, "halves of a group that groups() did not make"
+        sizes = self.sizes
+        work = {index: work_of(*sizes[index]) for index in group.members}
+        members = sorted(group.members, key=work.__getitem__)
         middle = len(members) // 2
-        if works[members[0]] == works[members[-1]]:
+        if work[members[0]] == work[members[-1]]:
             return None
-        while middle < len(members) and works[members[middle]] == works[members[middle - 1]]:
+        while middle < len(members) and work[members[middle]] == work[members[middle - 1]]:
             middle += 1  # equal work stays on one side
         if middle == len(members):
             middle = len(members) // 2
-            while works[members[middle]] == works[members[middle - 1]]:
+            while work[members[middle]] == work[members[middle - 1]]:
                 middle -= 1
-        return self._group(sorted(members[:middle])), self._group(sorted(members[middle:]))
+        return self._group(sorted(members[:middle]), work, group.hint_low), self._group(
+            sorted(members[middle:]), work, group.hint_low
+        )
 
-    def _group(self, members: list[int]) -> Group:
+    def _group(self, members: list[int], work: dict[int, float], hint: float) -> Group:
         group = Group()
         for index in members:
-            group.add(index, self._works[index], self._hints[index], self.remaining[index])
+            group.add(index, work[index], hint, self.remaining[index])
         return group
 
     def bounds(self, group: Group, region: str) -> tuple[RequestProfile, RequestProfile]:
