@@ -12,6 +12,11 @@ by cumulative time). ``--features 0`` sends frames that do not ask for Acks with
 ``mixed_requests``, encoded before the run), ``--window`` of them in flight: CPU per record. Loopback only;
 bounded by ``--requests``.
 
+``--max-queue-delay-us`` sets the bench pools' ``max_queue_delay_us`` (1000 by default) and
+``--realtime-as-interactive`` sends the mix's realtime requests as interactive ones, with ``--frame``: a
+queue holding a realtime request is cut at once (``realtime_queue_delay_us = 0``), so together they show
+what a backend call costs the loop whatever its size (the runs print backend calls per frame).
+
 ``--steps``: where that CPU goes per step, in microseconds per request (bench/steps.py), without cProfile's
 inflation: the timed part runs twice, first as it is, then with py-spy sampling the loop thread about 1,000
 times a second from outside the interpreter (non-blocking); each busy sample goes to one step (receive &
@@ -77,9 +82,16 @@ def client(endpoint: str, n: int, features: int, statuses: list[int]) -> None:
         ctx.term()
 
 
-def batched_client(endpoint: str, n: int, frame: int, window: int, statuses: list[int]) -> None:
-    """Send ``n`` requests in frames of ``frame`` (encoded first), ``window`` frames in flight."""
+def batched_client(
+    endpoint: str, n: int, frame: int, window: int, statuses: list[int], realtime_as_interactive: bool = False
+) -> None:
+    """Send ``n`` requests in frames of ``frame`` (encoded first), ``window`` frames in flight;
+    ``realtime_as_interactive``: the mix's realtime requests sent as interactive ones."""
     templates = mixed_requests(2, min(40, max(1, -(-n // 100))))  # cycled, fresh ids per frame
+    if realtime_as_interactive:
+        for request in templates:
+            if request.priority == REALTIME:
+                request.priority = pb.PRIORITY_CLASS_INTERACTIVE
     frames = prebuild(copies(templates), -(-n // frame), batch=frame)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
@@ -111,13 +123,14 @@ async def run(
     window: int = 8,
     steps: bool = False,
     detail: int = 0,
+    max_queue_delay_us: int = 1000,
+    realtime_as_interactive: bool = False,
 ) -> None:
     models = work / "models"
     write_demo_repository(models)
     config = work / "gateway.toml"
-    config.write_text(
-        GATEWAY_TOML.format(backend="null", models=models, backend_options="", pools=pools_toml())
-    )
+    pools = pools_toml().replace("max_queue_delay_us = 1000", f"max_queue_delay_us = {max_queue_delay_us}")
+    config.write_text(GATEWAY_TOML.format(backend="null", models=models, backend_options="", pools=pools))
     gateway = Gateway(load_config(config, environ={}))
     await gateway.start()
     endpoint = next(iter(gateway.carriers.values())).endpoint
@@ -134,7 +147,7 @@ async def run(
             def drive(n: int = n, statuses: list[int] = statuses, done: asyncio.Event = done) -> None:
                 try:
                     if frame > 1:
-                        batched_client(endpoint, n, frame, window, statuses)
+                        batched_client(endpoint, n, frame, window, statuses, realtime_as_interactive)
                     else:
                         client(endpoint, n, features, statuses)
                 finally:
@@ -143,6 +156,7 @@ async def run(
             thread = threading.Thread(target=drive, daemon=True)
             profiler = cProfile.Profile() if timed and profile else None
             sampler = StackSampler(threading.get_native_id()) if sampled else None
+            calls = backend_calls(gateway)
             cpu, wall = time.thread_time(), time.perf_counter()
             if profiler is not None:
                 profiler.enable()
@@ -154,13 +168,15 @@ async def run(
             if not timed:
                 continue
             cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
+            calls = backend_calls(gateway) - calls  # after the timed part: a collection flushes the tally
             ok = sum(1 for s in statuses if s == pb.STATUS_OK)
             what = "lone realtime requests" if frame == 1 else f"requests in frames of {frame}"
             cpu_us = cpu / len(statuses) * 1e6
             how = " (profiled)" if profiler else f" (sampled, {sampler.taken} samples)" if sampler else ""
             print(
                 f"{n} {what}, {len(statuses)} answered ({ok} OK): gateway loop thread "
-                f"{cpu_us:.1f} us CPU per request{how}, wall {wall / len(statuses) * 1e6:.1f} us"
+                f"{cpu_us:.1f} us CPU per request{how}, wall {wall / len(statuses) * 1e6:.1f} us, "
+                f"{calls / (len(statuses) / frame):.2f} backend calls per frame"
             )
             if sampler is not None:
                 print(
@@ -179,6 +195,17 @@ async def run(
         await gateway.aclose()
 
 
+def backend_calls(gateway: Gateway) -> float:
+    """Backend calls so far, every pool's (``hkgw_batch_size``'s observations)."""
+    return sum(
+        sample.value
+        for metric in gateway.metrics.registry.collect()
+        if metric.name == "hkgw_batch_size"
+        for sample in metric.samples
+        if sample.name == "hkgw_batch_size_count"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--requests", type=int, default=3000)
@@ -189,6 +216,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frame", type=int, default=1, help="requests per frame (1: lone realtime)")
     parser.add_argument("--window", type=int, default=8, help="frames in flight, with --frame > 1")
     parser.add_argument("--detail", type=int, default=0, help="with --steps: the top N frames of each step")
+    parser.add_argument("--max-queue-delay-us", type=int, default=1000, help="the pools' batching delay")
+    parser.add_argument(
+        "--realtime-as-interactive", action="store_true", help="with --frame > 1: no realtime requests"
+    )
     args = parser.parse_args(argv)
     features = FEATURES if args.features else 0
     with tempfile.TemporaryDirectory() as work:
@@ -202,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
                 args.window,
                 args.steps,
                 args.detail,
+                args.max_queue_delay_us,
+                args.realtime_as_interactive,
             )
         )
     return 0

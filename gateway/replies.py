@@ -147,10 +147,9 @@ class ReplyRouter:
             self._acks[(agent_id, carrier.name)] = [pending]
         else:
             acks.append(pending)
-        if self._ack_hold_s:
-            self._arm_ack_timer(self._ack_hold_s)
-        else:
-            self._schedule()
+        # The tick's flush sends it with the answers ready by then (or at once, with no hold), else arms the
+        # hold's timer; a realtime frame's answer takes it before that (send_now), and no timer is made.
+        self._schedule()
 
     def _arm_ack_timer(self, delay_s: float) -> None:
         if self._ack_timer is None:
