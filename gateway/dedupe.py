@@ -56,6 +56,10 @@ class DedupeWindow:
         self._expire(now)
         entries, order, limit = self._entries, self._order, self.max_entries
         expires = now + self.window_s
+        if len(entries) + len(request_ids) <= limit:  # room for every one: nothing to evict on the way
+            entries.update(dict.fromkeys(request_ids, expires))
+            order.extend(request_ids)
+            return
         for request_id in request_ids:
             while len(entries) >= limit and order:
                 if entries.pop(order.popleft(), None) is not None:

@@ -609,9 +609,7 @@ class Ingest:
         ids = [item.request.request_id for item in items]
         self.dedupe.accept_many(ids, items[0].received)
         asked_on = self._asked_on
-        route = (frame.carrier.name, frame.envelope.sent_at_unix_us)
-        for rid in ids:
-            asked_on[rid] = route
+        asked_on.update(dict.fromkeys(ids, (frame.carrier.name, frame.envelope.sent_at_unix_us)))
         while len(asked_on) > MAX_ASKED_ON:
             asked_on.popitem(last=False)
         ack.accepted_ids.extend(ids)
@@ -805,7 +803,8 @@ class Ingest:
             data = answer(item, rid, output)
             answered.append(rid)
             datas.append(data)
-            here = (item.agent_id, asked_on.pop(rid, (item.carrier, 0))[0])
+            asked = asked_on.pop(rid, None)
+            here = (item.agent_id, item.carrier if asked is None else asked[0])
             if here != route:  # a batch holds whole slices: consecutive answers mostly go one way
                 route = here
                 found = outbox.get(here)
