@@ -7,7 +7,8 @@ The gateway (null backend, bench/gateway_bench.py's config) runs on this process
 DEALER on another thread sends issue 24's mix (60% ranking of 8-32 candidates, 40% short text) one
 realtime request per frame and waits for each answer before the next. The main thread's CPU time is then
 the gateway's alone: printed per request, and with ``--profile`` a cProfile of that thread (by own time and
-by cumulative time). ``--features 0`` sends frames that do not ask for Acks with answers. ``--frame N``
+by cumulative time) and the Python calls per request, exact where CPU per request swings from run to run.
+``--features 0`` sends frames that do not ask for Acks with answers. ``--frame N``
 (N > 1) sends frames of N requests of the mix instead (issue 24's batched frames: bench/frame_path.py's
 ``mixed_requests``, encoded before the run), ``--window`` of them in flight: CPU per record. Loopback only;
 bounded by ``--requests``.
@@ -188,6 +189,9 @@ async def run(
                 unsampled_us = cpu_us
             if profiler is not None:
                 stats = pstats.Stats(profiler)
+                # Exact where CPU per request swings by 10% on a shared machine: compare two trees by it.
+                total: int = stats.total_calls  # type: ignore[attr-defined]  # set by pstats, not in its stubs
+                print(f"Python calls per request (cProfile): {total / len(statuses):.1f}\n")
                 stats.sort_stats("tottime").print_stats(40)
                 stats.sort_stats("cumulative").print_stats(80)
     finally:
