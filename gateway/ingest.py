@@ -463,10 +463,11 @@ class Ingest:
         tally = metrics.tally
         tally.inc(metrics.accepted, (frame.carrier.name,), len(ack.accepted_ids))
         region = metrics.region_label(frame.region)
+        # Priority, Tier and Reason are StrEnums: each member is its value's str (as a label, a key, a field)
         for (model, priority), n in self._requests_seen.items():
-            tally.inc(metrics.requests, (region, metrics.model_label(model), priority.value), n)
+            tally.inc(metrics.requests, (region, metrics.model_label(model), priority), n)
         for (tier, pool, reason), n in self._decisions_made.items():
-            tally.inc(metrics.decisions, (tier.value, pool or "none", reason.value), n)
+            tally.inc(metrics.decisions, (tier, pool or "none", reason), n)
         if self.dedupe.evicted_early != self._evicted_counted:
             metrics.dedupe_evicted.inc(self.dedupe.evicted_early - self._evicted_counted)
             self._evicted_counted = self.dedupe.evicted_early

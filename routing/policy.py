@@ -80,7 +80,7 @@ class TierPolicy:
             return build_plan(self.config, profile.model, "", profile.priority, profile.region)
         version = profile.model_version if profile.model_version in model_cfg.version_pins else ""
         region = profile.region if profile.region in self.config.regions else ""
-        key = (profile.model, version, profile.priority.value, region)
+        key = (profile.model, version, profile.priority, region)  # a StrEnum: the member is its value's str
         plan = self._plans.get(key)
         if plan is None:
             plan = build_plan(self.config, profile.model, version, profile.priority, region)

@@ -96,14 +96,14 @@ class ResponseHeads:
                 status=pb.STATUS_OK,
                 model_name=self._model,
                 model_version=self._version,
-                tier=TIER_WIRE[decision.tier.value],
+                tier=TIER_WIRE[decision.tier],  # StrEnums: a member is its value's str
                 pool=decision.pool or "",
-                route_reason=decision.reason.value,
+                route_reason=decision.reason,
                 timing=timing,
             ).SerializeToString()
         self._run = (decision, item.received, item.enqueued)
         self._run_head = head
-        self._run_latency = (decision.tier.value, decision.pool or "none", elapsed)
+        self._run_latency = (decision.tier, decision.pool or "none", elapsed)
         self._run_n = 1
         return head
 
