@@ -208,7 +208,7 @@ class Ingest:
         body = [f.buffer for f in frames[1:]]
         metrics = self._metrics
         tally = metrics.tally
-        tally.inc(metrics.bytes_received, (carrier.name,), sum(len(b) for b in body))
+        tally.inc(metrics.bytes_received, (carrier.name,), sum(map(len, body)))
         try:
             envelope = self._codec.decode_envelope(body)
         except FrameError as exc:
@@ -300,9 +300,8 @@ class Ingest:
         :data:`TOLD_PER_HOLD` of a hold; after them its connection is held, :class:`HeldConnections`)."""
         is_batch = envelope.kind == pb.MESSAGE_KIND_REQUEST_BATCH
         inflated = envelope.uncompressed_length if envelope.codec == pb.CODEC_ZSTD else 0
-        wait_s = self.budgets.admit(agent_id, inflated, now, control=not is_batch)
+        wait_s = self.budgets.take(agent_id, inflated, now, control=not is_batch)
         if wait_s is None:
-            self.budgets.charge(agent_id, inflated, 0.0, now)
             return True
         self._reject(carrier, routing_id, b"", OVER_BUDGET, answer=False)
         if is_batch:

@@ -108,6 +108,24 @@ class AgentBudgets:
         wait = max((need - buckets.bytes) / cfg.bytes_per_s, -buckets.decode_s / cfg.decode_s_per_s)
         return wait if wait > 0 else None
 
+    def take(
+        self, agent_id: str, declared_bytes: int, now: float | None = None, *, control: bool = False
+    ) -> float | None:
+        """:meth:`admit`, and a frame admitted charged its declared bytes at once (:meth:`charge`, no decode
+        time yet), with one look-up of the agent's buckets: what the gateway does as a frame's turn comes."""
+        if not self.enabled:
+            return None
+        cfg = self.config
+        buckets = self._buckets(agent_id, self._clock() if now is None else now)
+        cost = self.cost(declared_bytes)
+        if not (control and declared_bytes <= CONTROL_FREE_BYTES):
+            need = min(cost, cfg.burst_bytes)  # as admit
+            wait = max((need - buckets.bytes) / cfg.bytes_per_s, -buckets.decode_s / cfg.decode_s_per_s)
+            if wait > 0:
+                return wait
+        buckets.bytes -= cost
+        return None
+
     def charge(
         self, agent_id: str, decompressed_bytes: int, decode_s: float, now: float | None = None
     ) -> None:

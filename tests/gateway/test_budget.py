@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 import zstandard as zstd
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from edge_agent.synthetic import SyntheticTraffic
 from edgewire import FrameCodec, new_id, now_unix_us, pb
@@ -161,6 +163,48 @@ def test_a_clock_that_steps_back_refills_nothing() -> None:
     b.charge("a", 1 * MIB, 0.0)
     clock.now -= 10
     assert b.admit("a", MIB) == pytest.approx(1.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b", "c"]),
+            st.integers(0, 8 * MIB),  # declared bytes
+            st.booleans(),  # a control frame
+            st.floats(0.0, 0.2),  # decode time charged once it is done
+            st.floats(0.0, 1.0),  # seconds until the next frame
+        ),
+        max_size=40,
+    ),
+    st.integers(1, 3),  # max_agents
+)
+def test_take_is_admit_then_charge_of_the_declared_bytes(
+    frames: list[tuple[str, int, bool, float, float]], max_agents: int
+) -> None:
+    """take() leaves every agent's buckets and answers each frame as admit() then, when it admits,
+    charge() of the declared bytes (the gateway's two calls before it) does, evictions included."""
+    one_clock, two_clock = FakeClock(), FakeClock()
+    settings_ = {
+        "bytes_per_s": 2 * MIB,
+        "burst_bytes": 4 * MIB,
+        "large_frame_bytes": MIB,
+        "max_agents": max_agents,
+    }
+    one, two = budgets(one_clock, **settings_), budgets(two_clock, **settings_)
+    for agent, declared, control, decode_s, gap in frames:
+        wait = one.admit(agent, declared, control=control)
+        if wait is None:
+            one.charge(agent, declared, 0.0)
+        assert two.take(agent, declared, control=control) == wait
+        if wait is None:  # decoded: its time charged, as the gateway does once the decode is done
+            one.charge(agent, 0, decode_s)
+            two.charge(agent, 0, decode_s)
+        one_clock.now += gap
+        two_clock.now += gap
+        assert len(one) == len(two) and one.evicted == two.evicted
+        for name in "abc":
+            assert one.balance(name) == two.balance(name)
 
 
 def test_retry_after_is_whole_milliseconds_rounded_up_and_never_zero() -> None:
