@@ -311,7 +311,8 @@ class PoolDispatcher:
             self._preempt(over, lane) or self._push_out(first.agent_id, len(items), over, lane)
         ):
             return False
-        model, version = first.model, first.version
+        request = first.request  # its model and version, without WorkItem's properties (a call each)
+        model, version = request.model_name, request.model_version
         padded = self._pads(first)
         for item in items:
             item.enqueued = now
@@ -685,7 +686,8 @@ class PoolDispatcher:
         """
         now = time.monotonic()
         first = items[0]
-        model, version = first.model, first.version
+        request = first.request  # its model and version, without WorkItem's properties (a call each)
+        model, version = request.model_name, request.model_version
         if spec is None:
             spec = self._spec(model, version)
         if spec is None:
@@ -842,8 +844,8 @@ class PoolDispatcher:
         deadlines = [item.deadline for item in kept if item.deadline is not None]
         deadline = min(deadlines) if deadlines else None
         call = InferCall(
-            model=first.model,
-            version=first.version,
+            model=first.request.model_name,
+            version=first.request.model_version,
             inputs=prepared.inputs,
             priority=priority,
             # The most urgent request's time left: min(d) - now is min(d - now), exactly (rounding keeps
