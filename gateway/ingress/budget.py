@@ -102,10 +102,8 @@ class AgentBudgets:
         """
         if not self.enabled or (control and declared_bytes <= CONTROL_FREE_BYTES):
             return None
-        cfg = self.config
         buckets = self._buckets(agent_id, self._clock() if now is None else now)
-        need = min(self.cost(declared_bytes), cfg.burst_bytes)  # more than the bucket: wait for a full one
-        wait = max((need - buckets.bytes) / cfg.bytes_per_s, -buckets.decode_s / cfg.decode_s_per_s)
+        wait = self._wait(buckets, self.cost(declared_bytes))
         return wait if wait > 0 else None
 
     def take(
@@ -115,16 +113,20 @@ class AgentBudgets:
         time yet), with one look-up of the agent's buckets: what the gateway does as a frame's turn comes."""
         if not self.enabled:
             return None
-        cfg = self.config
         buckets = self._buckets(agent_id, self._clock() if now is None else now)
         cost = self.cost(declared_bytes)
         if not (control and declared_bytes <= CONTROL_FREE_BYTES):
-            need = min(cost, cfg.burst_bytes)  # as admit
-            wait = max((need - buckets.bytes) / cfg.bytes_per_s, -buckets.decode_s / cfg.decode_s_per_s)
+            wait = self._wait(buckets, cost)
             if wait > 0:
                 return wait
         buckets.bytes -= cost
         return None
+
+    def _wait(self, buckets: _Buckets, cost: float) -> float:
+        """Seconds until ``buckets`` admit a frame costing ``cost`` (0 or less: now)."""
+        cfg = self.config
+        need = min(cost, cfg.burst_bytes)  # more than the bucket: wait for a full one
+        return max((need - buckets.bytes) / cfg.bytes_per_s, -buckets.decode_s / cfg.decode_s_per_s)
 
     def charge(
         self, agent_id: str, decompressed_bytes: int, decode_s: float, now: float | None = None
