@@ -10,7 +10,6 @@ into one decision valid for all of them, or refuses to.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from edgewire import pb
@@ -56,7 +55,6 @@ class Screened:
     priorities: list[Priority] = field(default_factory=list)
     remaining: list[float | None] = field(default_factory=list)
     sizes: list[Sizes] = field(default_factory=list)
-    _work_of: Callable[..., float] | None = None  # the estimator's work_of, once grouped (for halves)
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -86,7 +84,6 @@ class Screened:
         """The screened requests grouped for routing, groups in the order of their first member."""
         groups: dict[GroupKey, Group] = {}
         work_of = estimator.work_of
-        self._work_of = work_of
         # Group.add inlined: this loop runs for every request of every frame. A group's key holds its hint,
         # so its members share one (hint_low == hint_high, set as the group is made).
         isnan = math.isnan
@@ -125,13 +122,11 @@ class Screened:
                     group.deadline_high = remaining
         return list(groups.values())
 
-    def halves(self, group: Group) -> tuple[Group, Group] | None:
+    def halves(self, group: Group, estimator: ComplexityEstimator) -> tuple[Group, Group] | None:
         """``group`` cut in two at its median work (less work in the first), or None when all its members
-        have the same work (a range that straddles a tier threshold becomes two that may not). Only for a
-        group of :meth:`groups`' (their work is counted again here: few groups are cut)."""
-        work_of = self._work_of
-        assert work_of is not None, "halves of a group that groups() did not make"
-        sizes = self.sizes
+        have the same work (a range that straddles a tier threshold becomes two that may not); its members'
+        work counted again by ``estimator`` (:meth:`groups`' own; few groups are cut)."""
+        work_of, sizes = estimator.work_of, self.sizes
         work = {index: work_of(*sizes[index]) for index in group.members}
         members = sorted(group.members, key=work.__getitem__)
         middle = len(members) // 2

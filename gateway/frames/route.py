@@ -43,7 +43,7 @@ def route_frame(
         if isinstance(decision, Decision):
             decided.append((decision, group.members))
             continue
-        halves = screened.halves(group) if decision is Unproven.SCORES else None
+        halves = screened.halves(group, policy.estimator) if decision is Unproven.SCORES else None
         if halves is None:
             in_order.extend(group.members)
         else:
