@@ -99,6 +99,9 @@ class _Frame:
     agent_id: str
     region: str
     read_at: float  # when the reader took it (the ingest clock): its requests' receipt, backlog wait included
+    # Marked realtime and read with nothing else waiting on its carrier (Carrier.more_waiting): a lone
+    # request in it may be served at once (PoolDispatcher.serve_at_once); in a burst it batches with the rest.
+    alone: bool = False
 
 
 class _LiveSignals(Mapping[str, PoolSignals]):
@@ -239,11 +242,13 @@ class Ingest:
                 FrameError(pb.REJECT_REASON_UNEXPECTED_KIND, KIND_LABELS.get(kind, str(kind))),
             )
             return
-        frame = _Frame(carrier, routing_id, envelope, agent_id, region, now)
+        urgent = envelope.priority == pb.PRIORITY_CLASS_REALTIME
+        alone = urgent and not carrier.more_waiting
+        frame = _Frame(carrier, routing_id, envelope, agent_id, region, now, alone)
         payload = body[1]
         if (
             kind == pb.MESSAGE_KIND_REQUEST_BATCH
-            and envelope.priority != pb.PRIORITY_CLASS_REALTIME
+            and not urgent
             and not self.draining
             and self.backlog.offer(
                 (frame, payload),
@@ -452,12 +457,27 @@ class Ingest:
         ack = pb.Ack(acked_message_id=frame.envelope.message_id)
         requests = batch.requests
         screened, kept = self._screen_frame(frame, requests, now, wall_us, ack)
-        if screened:
-            # The requests' own bytes, for a CPU stage worker (found in the payload, not serialized again).
-            spans = request_spans(payload, requests)
-            if spans is not None and len(kept) != len(spans):
-                spans = [spans[index] for index in kept]
-            self._route(frame, screened, now, ack, spans, len(requests) <= SMALL_FRAME)
+        # A lone realtime request that a pool serves at once: after its Ack is held, to go with its answer.
+        at_once: list[tuple[PoolDispatcher, list[WorkItem]]] | None = (
+            [] if frame.alone and len(requests) == 1 else None
+        )
+        try:
+            if screened:
+                # The requests' own bytes, for a CPU stage worker (found in the payload, not serialized
+                # again).
+                spans = request_spans(payload, requests)
+                if spans is not None and len(kept) != len(spans):
+                    spans = [spans[index] for index in kept]
+                self._route(frame, screened, now, ack, spans, len(requests) <= SMALL_FRAME, at_once)
+            self._count_and_acknowledge(frame, ack)
+        finally:
+            # Served also if counting or acknowledging raised: nothing accepted is left unserved.
+            if at_once:
+                for pool, items in at_once:
+                    pool.serve_at_once(items)
+
+    def _count_and_acknowledge(self, frame: _Frame, ack: pb.Ack) -> None:
+        """A frame's requests routed: its counts added to the metrics, its Ack held or sent."""
         metrics = self._metrics
         tally = metrics.tally
         tally.inc(metrics.accepted, (frame.carrier.name,), len(ack.accepted_ids))
@@ -485,6 +505,7 @@ class Ingest:
         ack: pb.Ack,
         spans: list[memoryview] | None,
         small: bool,
+        at_once: list[tuple[PoolDispatcher, list[WorkItem]]] | None = None,
     ) -> None:
         """Route the screened requests per group (gateway/frames/route.py) and queue each group as one
         slice of its pool's queue; nack what routing or a full queue refuses. Requests refused only because
@@ -492,10 +513,14 @@ class Ingest:
         first), as full queues are for them: one holding less urgent requests takes them in their place,
         and another agent's flood that fills a queue gives up its newest requests to this agent's up to its
         fair share (gateway/dispatch/admission.py). ``small``: the frame holds few requests
-        (WorkItem.small; counted before screening: a frame of 100 mostly duplicates is not small)."""
+        (WorkItem.small; counted before screening: a frame of 100 mostly duplicates is not small).
+        ``at_once``: where a slice that a pool would serve at once goes instead of its queue, accepted, for
+        the caller to serve once the frame's Ack is held (PoolDispatcher.serve_at_once)."""
         policy = self._policy.policy
         routed = route_frame(policy, screened, frame.region, _LiveSignals(self._pools, now))
-        full = self._queue_routed(frame, screened, routed, now, ack, spans, small, last=False)
+        full = self._queue_routed(
+            frame, screened, routed, now, ack, spans, small, last=False, at_once=at_once
+        )
         if not full:
             return
         by_lane: dict[int, list[int]] = {}
@@ -521,6 +546,7 @@ class Ingest:
         small: bool,
         *,
         last: bool,
+        at_once: list[tuple[PoolDispatcher, list[WorkItem]]] | None = None,
     ) -> list[int]:
         """Queue (or nack) each routed group; unless ``last``, the requests refused because every pool was
         full are left for :meth:`_route` to try again (their indices, in frame order) where some full pool
@@ -543,6 +569,10 @@ class Ingest:
                 continue
             items = self._items(frame, screened, members, now, decision, spans, small)
             pool = self._pools[decision.pool]
+            if at_once is not None and pool.serves_at_once(items):
+                self._accepted(frame, items, ack)
+                at_once.append((pool, items))
+                continue
             if pool.submit_many(items, now):
                 self._accepted(frame, items, ack)
                 continue

@@ -78,6 +78,13 @@ class Counts:
         self.virtual = start = served[agent]
         served[agent] = start + n
 
+    def served_at_once(self, agent: str, n: int) -> None:
+        """``n`` of ``agent``'s requests were served without being queued (PoolDispatcher.serve_at_once:
+        nothing was queued in the pool): counted as if they had joined, been taken and left."""
+        self.joined(agent)
+        self.took(agent, n)
+        self.left(agent)
+
     def least_served(self, agents: Iterable[str]) -> int:
         """The least served of ``agents`` (each has requests queued)."""
         served = self.served

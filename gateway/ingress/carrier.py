@@ -76,6 +76,12 @@ class Carrier(Protocol):
     @property
     def receiving(self) -> bool: ...
 
+    @property
+    def more_waiting(self) -> bool:
+        """Whether another message was waiting when the one being handled now was read (EdgeReader.more):
+        a lone realtime request read with nothing behind it is served at once (gateway/ingest.py)."""
+        ...
+
     def stalled(self, now: float, stall_s: float) -> bool: ...
 
     def peer_property(self, header: zmq.Frame, name: str) -> str: ...
@@ -229,6 +235,10 @@ class CarrierIngress:
         if self._handed is not None:
             return self._sock is not None and self.failed is None
         return self._reader is not None and self._reader.reading and self.failed is None
+
+    @property
+    def more_waiting(self) -> bool:
+        return self._reader is not None and self._reader.more
 
     def stalled(self, now: float, stall_s: float) -> bool:
         """True when input is waiting but nothing was read for ``stall_s``: the carrier passes no traffic."""

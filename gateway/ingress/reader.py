@@ -55,6 +55,10 @@ class EdgeReader:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scheduled = False
         self.reading = False
+        # Whether another message was waiting when the one being delivered was read (read right after it:
+        # the same ZMQ_EVENTS reads as asking before each receive). A lone realtime request read with
+        # nothing behind it is served at once; one read in a burst is queued, to batch with the rest.
+        self.more = False
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -97,19 +101,24 @@ class EdgeReader:
             return
         sock = self._sock
         until = time.monotonic() + READ_BUDGET_S
+        more = None  # not asked yet
         for _ in range(self._max):
             try:
                 # Asking first is cheaper than the exception an empty receive raises; most wake-ups
-                # scheduled after a send find nothing.
-                if not waiting(sock):
+                # scheduled after a send find nothing. After the first message, the answer read right
+                # after the previous receive stands: a message that arrives while one is delivered raises
+                # an edge of its own, and a send during it schedules a drain (after_send).
+                if not (waiting(sock) if more is None else more):
                     return
                 frames = recv_parts(sock)
+                more = waiting(sock)
             except zmq.Again:
                 return
             except zmq.ZMQError as exc:
                 self.stop()
                 self._failed(exc)
                 return
+            self.more = more
             self._deliver(frames)
             if time.monotonic() >= until:
                 break

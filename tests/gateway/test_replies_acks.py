@@ -28,6 +28,7 @@ class RecordingCarrier:
         self.silent_after_s = 5.0
         self.bound = True
         self.receiving = True
+        self.more_waiting = False
         self.sent: list[tuple[bytes, object]] = []
         self.something_sent = asyncio.Event()
         self._codec = FrameCodec()

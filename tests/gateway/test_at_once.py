@@ -1,0 +1,170 @@
+"""A lone realtime request served at once (issue 24 item 2): read with nothing behind it, for a pool with
+nothing queued and a slot free, it skips its queue and the batcher's pass (PoolDispatcher.serve_at_once)
+and is answered before its frame's handling returns, in one message with its Ack; in a burst, or behind
+queued requests, it is queued as before. Real ZeroMQ sockets, the real null backend and CPU stage object,
+a real gateway for the frame path."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import uvloop
+import zmq
+
+from edgewire import FrameCodec, pb
+from gateway.dispatch.work import WorkItem
+from gateway.ingress.reader import EdgeReader
+from gateway.testing import fault_injecting_pools, run_gateway, wait_for
+from routing.types import Priority
+from tests.gateway.daemon.test_serving import synthetic
+from tests.gateway.test_backlog import received
+from tests.gateway.test_pool_admission import Answers, pool, requests
+from tests.gateway.test_realtime_fill import HeldPool, urgent
+
+# --------------------------------------------------------------------------------------- the reader
+
+
+def test_the_reader_says_whether_another_message_waits_behind_the_one_it_delivers() -> None:
+    """Three messages queued before the reader starts: delivered with ``more`` True, True, False; one sent
+    later, alone: False. Asked right after each receive, as the reader asked before the next one."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    router.bind("inproc://more")
+    dealer.connect("inproc://more")
+
+    async def run() -> list[tuple[bytes, bool]]:
+        seen: list[tuple[bytes, bool]] = []
+        got = asyncio.Event()
+
+        def deliver(frames: list[zmq.Frame]) -> None:
+            seen.append((frames[1].bytes, reader.more))
+            got.set()
+
+        reader = EdgeReader(router, deliver, lambda exc: None, 64)
+        for body in (b"a", b"b", b"c"):
+            dealer.send(body)  # inproc: in the ROUTER's pipe once sent
+        reader.start()
+        await asyncio.wait_for(_until(got, lambda: len(seen) == 3), 10)
+        dealer.send(b"d")
+        await asyncio.wait_for(_until(got, lambda: len(seen) == 4), 10)
+        reader.stop()
+        return seen
+
+    try:
+        assert uvloop.run(run()) == [(b"a", True), (b"b", True), (b"c", False), (b"d", False)]
+    finally:
+        dealer.close(0)
+        router.close(0)
+        ctx.term()
+
+
+async def _until(event: asyncio.Event, done: Callable[[], bool]) -> None:
+    while not done():
+        event.clear()
+        await event.wait()
+
+
+# ----------------------------------------------------------------------------------------- the pool
+
+
+def lone() -> list[WorkItem]:
+    return urgent(requests("a", 1, Priority.REALTIME, deadline=time.monotonic() + 30.0))
+
+
+async def test_only_a_lone_urgent_realtime_request_for_an_idle_pool_is_served_at_once() -> None:
+    held = HeldPool()
+    p = held.pool
+    assert p.serves_at_once(lone())
+    assert not p.serves_at_once(urgent(requests("a", 2, Priority.REALTIME)))  # two: the pass batches them
+    assert not p.serves_at_once(requests("a", 1, Priority.REALTIME))  # a frame not marked realtime
+    assert not p.serves_at_once(urgent(requests("a", 1, Priority.INTERACTIVE)))
+    p._realtime_delay_s = 0.001  # realtime_queue_delay_us: the pass would wait for company
+    assert not p.serves_at_once(lone())
+    p._realtime_delay_s = 0.0
+    assert p.submit_many(requests("b", 1, Priority.BATCH), time.monotonic())  # queued, not yet cut
+    assert not p.serves_at_once(lone())  # behind a queued request: the pass decides the order
+    p._batch_pass()  # b's batch takes the only slot (concurrency 1) and is held
+    assert p.depth == 0 and p.inflight == 1
+    assert not p.serves_at_once(lone())  # no slot free: the pass's realtime reserve decides
+    await held.close()
+    assert not p.serves_at_once(lone())  # stopped
+    assert not pool(8, Answers()).serves_at_once(lone())  # never started
+
+
+async def test_served_at_once_is_the_batch_and_the_counts_the_pass_would_make() -> None:
+    """The same requests, one pool queueing them for its pass, the other serving them at once: the same
+    batches start, in flight alike, and the agents' counts of requests served (fair queueing between the
+    pool's queues, lanes.Counts) end the same; nothing is left queued."""
+    queued, at_once = HeldPool(), HeldPool()
+    for agent in ("a", "b", "a"):
+        items = [urgent(requests(agent, 1, Priority.REALTIME)) for _ in range(2)]
+        queued.submit(items[0])
+        assert at_once.pool.serves_at_once(items[1])
+        at_once.pool.serve_at_once(items[1])
+        queued.release.set(), at_once.release.set()
+        await wait_for(lambda: not queued.pool.inflight and not at_once.pool.inflight, what="both batches")
+        queued.release.clear(), at_once.release.clear()
+    assert queued.started == at_once.started
+    for counts in (queued.pool._counts, at_once.pool._counts):
+        assert not counts.served and not counts.held and counts.by_class == [0, 0, 0]
+    assert queued.pool._counts.gone == at_once.pool._counts.gone == {"a": 2, "b": 1}
+    assert queued.pool._counts.virtual == at_once.pool._counts.virtual
+    assert at_once.pool.depth == 0
+    await queued.close()
+    await at_once.close()
+
+
+# ------------------------------------------------------------------------------------ in a gateway
+
+
+def frame(codec: FrameCodec, request: pb.InferRequest, routing_id: bytes) -> list[zmq.Frame]:
+    request.priority = pb.PRIORITY_CLASS_REALTIME
+    frames = codec.encode(
+        pb.RequestBatch(requests=[request]),
+        agent_id="shopper",
+        region="us-west",
+        priority=pb.PRIORITY_CLASS_REALTIME,
+        features=pb.FEATURE_ACKS_IN_RESPONSES,
+    )
+    return received(frames, routing_id)
+
+
+@pytest.mark.parametrize("more_waiting", [False, True])
+async def test_a_lone_realtime_frame_is_answered_as_it_is_read_unless_more_wait_behind_it(
+    models_dir: Path, more_waiting: bool
+) -> None:
+    """Nothing behind it on its carrier: the request is answered before on_message returns, its answer and
+    its Ack in one message. Read in a burst (another message was waiting): queued for the batcher's pass,
+    to batch with the rest of the burst; answered after it, in one message with its Ack all the same."""
+    # The null backend answers as it is called: the batch is served before serve_at_once returns (one that
+    # waits, as ONNX Runtime on its threads, is a task that answers when it is done, as from a pass).
+    async with run_gateway(models_dir=models_dir, **fault_injecting_pools({"type": "null"})) as gw:
+        ingest, carrier = gw.ingest, gw.carriers["hgc"]
+        assert ingest is not None
+        codec = FrameCodec()
+        sent: list[pb.ResponseBatch] = []
+
+        def send(routing_id: bytes, frames: list[bytes | zmq.Frame]) -> str:
+            payload = codec.decode([bytes(f) for f in frames]).payload
+            assert isinstance(payload, pb.ResponseBatch)
+            sent.append(payload)
+            return "sent"
+
+        carrier.send = send  # type: ignore[method-assign]
+        reader = carrier._reader  # type: ignore[attr-defined]
+        reader.more = more_waiting  # what the reader found behind the message it hands over now
+        request = synthetic(1, seed=71, kind=pb.REQUEST_KIND_RANKING)[0]  # its pipeline runs on the loop
+        ingest.on_message(carrier, frame(codec, request, b"\x00S"))
+        pools = gw.pools.values()
+        if more_waiting:
+            assert not sent and sum(p.depth for p in pools) == 1
+            await wait_for(lambda: bool(sent), what="the answer after the batcher's pass")
+        assert len(sent) == 1 and sum(p.depth for p in pools) == 0
+        (answer,) = sent
+        assert [r.request_id for r in answer.responses] == [request.request_id]
+        assert answer.responses[0].status == pb.STATUS_OK
+        assert [list(a.accepted_ids) for a in answer.acks] == [[request.request_id]]
