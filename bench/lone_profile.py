@@ -25,6 +25,11 @@ decode, screening, routing, queueing, CPU stage prepare and finish per pipeline 
 answers, replies & send, metrics, C under the loop (uvloop's and the kernel's), other), and each step's
 share of the samples is scaled to the first run's CPU per request. Both runs' CPU per request are
 printed: their difference is what sampling cost the thread (and this machine's noise).
+
+``--at-once-turns N``: the least noisy measure of serving a lone realtime request at once
+(PoolDispatcher.serve_at_once) this machine allows: one gateway, N rounds of ``--requests`` lone requests
+each with it on and with it off (the bench replaces ``serves_at_once`` by a refusal), the two in turns
+(on first in even rounds); each block's loop CPU per request and the per-round difference are printed.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import asyncio
 import contextlib
 import cProfile
 import pstats
+import statistics
 import tempfile
 import threading
 import time
@@ -48,6 +54,8 @@ from bench.ingest_bench import prebuild
 from bench.steps import StackSampler, per_step, table
 from edgewire import FrameCodec, pb
 from gateway.config import load_config
+from gateway.dispatch.pool import PoolDispatcher
+from gateway.dispatch.work import WorkItem
 from gateway.server import Gateway
 from inference.models.demo import write_demo_repository
 
@@ -115,6 +123,18 @@ def batched_client(
         ctx.term()
 
 
+async def start(work: Path, max_queue_delay_us: int = 1000) -> tuple[Gateway, str]:
+    """The bench's gateway (null backend) on this loop, and its first carrier's endpoint."""
+    models = work / "models"
+    write_demo_repository(models)
+    config = work / "gateway.toml"
+    pools = pools_toml().replace("max_queue_delay_us = 1000", f"max_queue_delay_us = {max_queue_delay_us}")
+    config.write_text(GATEWAY_TOML.format(backend="null", models=models, backend_options="", pools=pools))
+    gateway = Gateway(load_config(config, environ={}))
+    await gateway.start()
+    return gateway, next(iter(gateway.carriers.values())).endpoint
+
+
 async def run(
     requests: int,
     features: int,
@@ -127,14 +147,7 @@ async def run(
     max_queue_delay_us: int = 1000,
     realtime_as_interactive: bool = False,
 ) -> None:
-    models = work / "models"
-    write_demo_repository(models)
-    config = work / "gateway.toml"
-    pools = pools_toml().replace("max_queue_delay_us = 1000", f"max_queue_delay_us = {max_queue_delay_us}")
-    config.write_text(GATEWAY_TOML.format(backend="null", models=models, backend_options="", pools=pools))
-    gateway = Gateway(load_config(config, environ={}))
-    await gateway.start()
-    endpoint = next(iter(gateway.carriers.values())).endpoint
+    gateway, endpoint = await start(work, max_queue_delay_us)
     loop = asyncio.get_running_loop()
     runs = [(WARM_UP, False, False), (requests, True, False)]
     if steps:
@@ -199,6 +212,59 @@ async def run(
         await gateway.aclose()
 
 
+async def at_once_turns(requests: int, features: int, work: Path, rounds: int) -> None:
+    """``--at-once-turns``: lone requests in blocks, serving at once on and off in turns (module doc)."""
+    gateway, endpoint = await start(work)
+    loop = asyncio.get_running_loop()
+    serves_at_once = PoolDispatcher.serves_at_once
+
+    def refused(self: PoolDispatcher, items: list[WorkItem]) -> bool:
+        return False
+
+    async def block(n: int, on: bool) -> float:
+        PoolDispatcher.serves_at_once = serves_at_once if on else refused  # type: ignore[method-assign]
+        statuses: list[int] = []
+        done = asyncio.Event()
+
+        def drive() -> None:
+            try:
+                client(endpoint, n, features, statuses)
+            finally:
+                loop.call_soon_threadsafe(done.set)
+
+        thread = threading.Thread(target=drive, daemon=True)
+        cpu = time.thread_time()
+        thread.start()
+        await done.wait()
+        thread.join()
+        if any(s != pb.STATUS_OK for s in statuses):
+            raise RuntimeError(f"answers not OK: {sorted(set(statuses))}")
+        return (time.thread_time() - cpu) / len(statuses) * 1e6
+
+    figures: dict[bool, list[float]] = {True: [], False: []}
+    try:
+        await block(WARM_UP, True)
+        await block(WARM_UP, False)
+        for round_ in range(rounds):
+            for on in (True, False) if round_ % 2 == 0 else (False, True):
+                figures[on].append(await block(requests, on))
+            print(
+                f"round {round_ + 1}: at once {figures[True][-1]:.1f}, queued {figures[False][-1]:.1f} us "
+                "of loop CPU per lone request",
+                flush=True,
+            )
+    finally:
+        PoolDispatcher.serves_at_once = serves_at_once  # type: ignore[method-assign]
+        await gateway.drain()
+        await gateway.aclose()
+    gains = [off - on for on, off in zip(figures[True], figures[False], strict=True)]
+    print(
+        f"median of {rounds} rounds: at once {statistics.median(figures[True]):.1f}, queued "
+        f"{statistics.median(figures[False]):.1f} us; queued - at once per round: median "
+        f"{statistics.median(gains):.1f} us (least {min(gains):.1f}, most {max(gains):.1f})"
+    )
+
+
 def backend_calls(gateway: Gateway) -> float:
     """Backend calls so far, every pool's (``hkgw_batch_size``'s observations)."""
     return sum(
@@ -224,8 +290,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--realtime-as-interactive", action="store_true", help="with --frame > 1: no realtime requests"
     )
+    parser.add_argument(
+        "--at-once-turns", type=int, default=0, help="rounds of lone requests served at once and queued"
+    )
     args = parser.parse_args(argv)
     features = FEATURES if args.features else 0
+    if args.at_once_turns:
+        with tempfile.TemporaryDirectory() as work:
+            uvloop.run(at_once_turns(args.requests, features, Path(work), args.at_once_turns))
+        return 0
     with tempfile.TemporaryDirectory() as work:
         uvloop.run(
             run(

@@ -99,9 +99,6 @@ class _Frame:
     agent_id: str
     region: str
     read_at: float  # when the reader took it (the ingest clock): its requests' receipt, backlog wait included
-    # Marked realtime and read with nothing else waiting on its carrier (Carrier.more_waiting): a lone
-    # request in it may be served at once (PoolDispatcher.serve_at_once); in a burst it batches with the rest.
-    alone: bool = False
 
 
 class _LiveSignals(Mapping[str, PoolSignals]):
@@ -242,13 +239,11 @@ class Ingest:
                 FrameError(pb.REJECT_REASON_UNEXPECTED_KIND, KIND_LABELS.get(kind, str(kind))),
             )
             return
-        urgent = envelope.priority == pb.PRIORITY_CLASS_REALTIME
-        alone = urgent and not carrier.more_waiting
-        frame = _Frame(carrier, routing_id, envelope, agent_id, region, now, alone)
+        frame = _Frame(carrier, routing_id, envelope, agent_id, region, now)
         payload = body[1]
         if (
             kind == pb.MESSAGE_KIND_REQUEST_BATCH
-            and not urgent
+            and envelope.priority != pb.PRIORITY_CLASS_REALTIME
             and not self.draining
             and self.backlog.offer(
                 (frame, payload),
@@ -459,7 +454,7 @@ class Ingest:
         screened, kept = self._screen_frame(frame, requests, now, wall_us, ack)
         # A lone realtime request that a pool serves at once: after its Ack is held, to go with its answer.
         at_once: list[tuple[PoolDispatcher, list[WorkItem]]] | None = (
-            [] if frame.alone and len(requests) == 1 else None
+            [] if len(requests) == 1 and frame.envelope.priority == pb.PRIORITY_CLASS_REALTIME else None
         )
         try:
             if screened:
@@ -473,8 +468,24 @@ class Ingest:
         finally:
             # Served also if counting or acknowledging raised: nothing accepted is left unserved.
             if at_once:
-                for pool, items in at_once:
+                self._serve_at_once(frame, at_once, now)
+
+    def _serve_at_once(
+        self, frame: _Frame, at_once: list[tuple[PoolDispatcher, list[WorkItem]]], now: float
+    ) -> None:
+        """Serve the slices that their pools would serve at once, unless a message arrived on the frame's
+        carrier while it was handled: then they are queued, for the batcher's pass to batch them with what
+        that message brings. Asked last, after the frame's handling, so the requests that arrive while one
+        is handled share its batch as they did when every lone request was queued: near saturation (2000
+        lone requests/s on two cores) that sharing is what keeps the loop from falling behind (serving each
+        at once, as read, saturated it in 2026-12-05's attempt: docs/GATEWAY.md)."""
+        if frame.carrier.more_waiting():
+            for pool, items in at_once:
+                if not pool.submit_many(items, now):  # not when the pool was idle a moment ago; if so:
                     pool.serve_at_once(items)
+            return
+        for pool, items in at_once:
+            pool.serve_at_once(items)
 
     def _count_and_acknowledge(self, frame: _Frame, ack: pb.Ack) -> None:
         """A frame's requests routed: its counts added to the metrics, its Ack held or sent."""

@@ -76,10 +76,9 @@ class Carrier(Protocol):
     @property
     def receiving(self) -> bool: ...
 
-    @property
     def more_waiting(self) -> bool:
-        """Whether another message was waiting when the one being handled now was read (EdgeReader.more):
-        a lone realtime request read with nothing behind it is served at once (gateway/ingest.py)."""
+        """Whether another message waits to be read now (EdgeReader.waiting_now): a lone realtime request
+        is served at once only when none does (gateway/ingest.py)."""
         ...
 
     def stalled(self, now: float, stall_s: float) -> bool: ...
@@ -236,9 +235,8 @@ class CarrierIngress:
             return self._sock is not None and self.failed is None
         return self._reader is not None and self._reader.reading and self.failed is None
 
-    @property
     def more_waiting(self) -> bool:
-        return self._reader is not None and self._reader.more
+        return self._reader is not None and self._reader.waiting_now()
 
     def stalled(self, now: float, stall_s: float) -> bool:
         """True when input is waiting but nothing was read for ``stall_s``: the carrier passes no traffic."""

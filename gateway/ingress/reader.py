@@ -55,10 +55,6 @@ class EdgeReader:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scheduled = False
         self.reading = False
-        # Whether another message was waiting when the one being delivered was read (read right after it:
-        # the same ZMQ_EVENTS reads as asking before each receive). A lone realtime request read with
-        # nothing behind it is served at once; one read in a burst is queued, to batch with the rest.
-        self.more = False
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -76,6 +72,18 @@ class EdgeReader:
         if not self._scheduled and self._loop is not None and self.reading:
             self._loop.call_soon(self._read)
             self._scheduled = True  # after call_soon: a closed loop's raise leaves no edge muted
+
+    def waiting_now(self) -> bool:
+        """Whether a message waits on the socket now (ZMQ_EVENTS): asked by a frame's handler before it
+        serves a lone realtime request at once, so that requests arriving while a frame is handled still
+        share a batch. Reading ZMQ_EVENTS may consume the FD's edge: what waits is drained this tick."""
+        try:
+            pending = waiting(self._sock)
+        except zmq.ZMQError:
+            pending = True  # the drain meets the error and says so
+        if pending:
+            self.schedule()
+        return pending
 
     def after_send(self) -> None:
         """A send on the socket may have taken its FD's edge: drain this tick if a message waits. Asking
@@ -101,24 +109,19 @@ class EdgeReader:
             return
         sock = self._sock
         until = time.monotonic() + READ_BUDGET_S
-        more = None  # not asked yet
         for _ in range(self._max):
             try:
                 # Asking first is cheaper than the exception an empty receive raises; most wake-ups
-                # scheduled after a send find nothing. After the first message, the answer read right
-                # after the previous receive stands: a message that arrives while one is delivered raises
-                # an edge of its own, and a send during it schedules a drain (after_send).
-                if not (waiting(sock) if more is None else more):
+                # scheduled after a send find nothing.
+                if not waiting(sock):
                     return
                 frames = recv_parts(sock)
-                more = waiting(sock)
             except zmq.Again:
                 return
             except zmq.ZMQError as exc:
                 self.stop()
                 self._failed(exc)
                 return
-            self.more = more
             self._deliver(frames)
             if time.monotonic() >= until:
                 break

@@ -95,9 +95,8 @@ class LinkedCarrier:
     def receiving(self) -> bool:
         return self._link.connected
 
-    @property
     def more_waiting(self) -> bool:
-        return self._link.more_waiting
+        return self._link.more_waiting()
 
     def stalled(self, now: float, stall_s: float) -> bool:
         return False  # the front judges its carriers; a shard that stops reading stops reporting status
@@ -161,10 +160,9 @@ class ShardLink:
             self._owner.close(self.zmq_config.linger_ms)
             self._owner = None
 
-    @property
     def more_waiting(self) -> bool:
-        """Whether another message of the front's was waiting when the one delivered now was read."""
-        return self._reader is not None and self._reader.more
+        """Whether another message of the front's waits to be read now (EdgeReader.waiting_now)."""
+        return self._reader is not None and self._reader.waiting_now()
 
     def peer_property(self, name: str) -> str:
         """The property of the agent message being delivered now (delivery is synchronous)."""

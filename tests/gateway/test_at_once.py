@@ -28,9 +28,10 @@ from tests.gateway.test_realtime_fill import HeldPool, urgent
 # --------------------------------------------------------------------------------------- the reader
 
 
-def test_the_reader_says_whether_another_message_waits_behind_the_one_it_delivers() -> None:
-    """Three messages queued before the reader starts: delivered with ``more`` True, True, False; one sent
-    later, alone: False. Asked right after each receive, as the reader asked before the next one."""
+def test_the_reader_says_whether_another_message_waits_now() -> None:
+    """Three messages queued before the reader starts, each handler asking as it handles one: True, True,
+    False; one sent later, alone: False. A True schedules a drain (its edge may be consumed by the ask);
+    the reader reads every message either way."""
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
     router.bind("inproc://more")
@@ -41,7 +42,7 @@ def test_the_reader_says_whether_another_message_waits_behind_the_one_it_deliver
         got = asyncio.Event()
 
         def deliver(frames: list[zmq.Frame]) -> None:
-            seen.append((frames[1].bytes, reader.more))
+            seen.append((frames[1].bytes, reader.waiting_now()))
             got.set()
 
         reader = EdgeReader(router, deliver, lambda exc: None, 64)
@@ -137,9 +138,10 @@ def frame(codec: FrameCodec, request: pb.InferRequest, routing_id: bytes) -> lis
 async def test_a_lone_realtime_frame_is_answered_as_it_is_read_unless_more_wait_behind_it(
     models_dir: Path, more_waiting: bool
 ) -> None:
-    """Nothing behind it on its carrier: the request is answered before on_message returns, its answer and
-    its Ack in one message. Read in a burst (another message was waiting): queued for the batcher's pass,
-    to batch with the rest of the burst; answered after it, in one message with its Ack all the same."""
+    """Nothing waiting on its carrier once the frame is handled: the request is answered before on_message
+    returns, its answer and its Ack in one message. A message arrived meanwhile: queued for the batcher's
+    pass, to batch with what that message brings; answered after it, in one message with its Ack all the
+    same."""
     # The null backend answers as it is called: the batch is served before serve_at_once returns (one that
     # waits, as ONNX Runtime on its threads, is a task that answers when it is done, as from a pass).
     async with run_gateway(models_dir=models_dir, **fault_injecting_pools({"type": "null"})) as gw:
@@ -155,8 +157,8 @@ async def test_a_lone_realtime_frame_is_answered_as_it_is_read_unless_more_wait_
             return "sent"
 
         carrier.send = send  # type: ignore[method-assign]
-        reader = carrier._reader  # type: ignore[attr-defined]
-        reader.more = more_waiting  # what the reader found behind the message it hands over now
+        # Whether a message arrived while the frame was handled (asked last, before serving it at once)
+        carrier.more_waiting = lambda: more_waiting  # type: ignore[method-assign]
         request = synthetic(1, seed=71, kind=pb.REQUEST_KIND_RANKING)[0]  # its pipeline runs on the loop
         ingest.on_message(carrier, frame(codec, request, b"\x00S"))
         pools = gw.pools.values()

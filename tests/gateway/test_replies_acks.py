@@ -28,12 +28,14 @@ class RecordingCarrier:
         self.silent_after_s = 5.0
         self.bound = True
         self.receiving = True
-        self.more_waiting = False
         self.sent: list[tuple[bytes, object]] = []
         self.something_sent = asyncio.Event()
         self._codec = FrameCodec()
 
     def stalled(self, now: float, stall_s: float) -> bool:
+        return False
+
+    def more_waiting(self) -> bool:
         return False
 
     def peer_property(self, header: zmq.Frame, name: str) -> str:
