@@ -481,7 +481,9 @@ class Ingest:
         at once, as read, saturated it in 2026-12-05's attempt: docs/GATEWAY.md)."""
         if frame.carrier.more_waiting():
             for pool, items in at_once:
-                if not pool.submit_many(items, now):  # not when the pool was idle a moment ago; if so:
+                # The pool was idle a moment ago: it takes them (were it not to, they were accepted and
+                # are served all the same).
+                if not pool.submit_many(items, now):
                     pool.serve_at_once(items)
             return
         for pool, items in at_once:

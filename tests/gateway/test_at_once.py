@@ -77,6 +77,8 @@ def lone() -> list[WorkItem]:
 
 
 async def test_only_a_lone_urgent_realtime_request_for_an_idle_pool_is_served_at_once() -> None:
+    """Where the batcher's next pass would cut the slice alone and start it at once: one realtime request of
+    a frame marked realtime, nothing queued, a slot free, no wait for company, the pool running."""
     held = HeldPool()
     p = held.pool
     assert p.serves_at_once(lone())
@@ -106,9 +108,11 @@ async def test_served_at_once_is_the_batch_and_the_counts_the_pass_would_make() 
         queued.submit(items[0])
         assert at_once.pool.serves_at_once(items[1])
         at_once.pool.serve_at_once(items[1])
-        queued.release.set(), at_once.release.set()
+        for held in (queued, at_once):
+            held.release.set()
         await wait_for(lambda: not queued.pool.inflight and not at_once.pool.inflight, what="both batches")
-        queued.release.clear(), at_once.release.clear()
+        for held in (queued, at_once):
+            held.release.clear()
     assert queued.started == at_once.started
     for counts in (queued.pool._counts, at_once.pool._counts):
         assert not counts.served and not counts.held and counts.by_class == [0, 0, 0]
