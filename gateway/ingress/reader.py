@@ -74,9 +74,10 @@ class EdgeReader:
             self._scheduled = True  # after call_soon: a closed loop's raise leaves no edge muted
 
     def waiting_now(self) -> bool:
-        """Whether a message waits on the socket now (ZMQ_EVENTS): asked by a frame's handler before it
-        serves a lone realtime request at once, so that requests arriving while a frame is handled still
-        share a batch. Reading ZMQ_EVENTS may consume the FD's edge: what waits is drained this tick."""
+        """Whether a message waits on the socket now (ZMQ_EVENTS): asked after a send, and by a frame's
+        handler before it serves a lone realtime request at once, so that requests arriving while a frame is
+        handled still share a batch. Reading ZMQ_EVENTS may consume the FD's edge: what waits is drained
+        this tick."""
         try:
             pending = waiting(self._sock)
         except zmq.ZMQError:
@@ -91,12 +92,7 @@ class EdgeReader:
         that arrives later raises an edge of its own."""
         if self._scheduled or not self.reading:
             return
-        try:
-            pending = waiting(self._sock)
-        except zmq.ZMQError:
-            pending = True  # the drain meets the error and says so
-        if pending:
-            self.schedule()
+        self.waiting_now()
 
     def _readable(self) -> None:
         """The FD fired: drain now, unless a drain is queued already (it reads what this edge announced)."""
