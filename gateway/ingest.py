@@ -452,9 +452,11 @@ class Ingest:
         ack = pb.Ack(acked_message_id=frame.envelope.message_id)
         requests = batch.requests
         screened, kept = self._screen_frame(frame, requests, now, wall_us, ack)
-        # A lone realtime request that a pool serves at once: after its Ack is held, to go with its answer.
+        # A small realtime frame's slice that a pool serves at once: after its Ack is held, to go with it.
         at_once: list[tuple[PoolDispatcher, list[WorkItem]]] | None = (
-            [] if len(requests) == 1 and frame.envelope.priority == pb.PRIORITY_CLASS_REALTIME else None
+            []
+            if len(requests) <= SMALL_FRAME and frame.envelope.priority == pb.PRIORITY_CLASS_REALTIME
+            else None
         )
         try:
             if screened:
@@ -473,21 +475,24 @@ class Ingest:
     def _serve_at_once(
         self, frame: _Frame, at_once: list[tuple[PoolDispatcher, list[WorkItem]]], now: float
     ) -> None:
-        """Serve the slices that their pools would serve at once, unless a message arrived on the frame's
-        carrier while it was handled: then they are queued, for the batcher's pass to batch them with what
-        that message brings. Asked last, after the frame's handling, so the requests that arrive while one
-        is handled share its batch as they did when every lone request was queued: near saturation (2000
-        lone requests/s on two cores) that sharing is what keeps the loop from falling behind (serving each
-        at once, as read, saturated it in 2026-12-05's attempt: docs/GATEWAY.md)."""
-        if frame.carrier.more_waiting():
-            for pool, items in at_once:
-                # The pool was idle a moment ago: it takes them (were it not to, they were accepted and
-                # are served all the same).
-                if not pool.submit_many(items, now):
-                    pool.serve_at_once(items)
-            return
+        """Serve at once the frame's slice that its pool would serve at once, where it is the only one and
+        no other slice of the frame has been queued in that pool since (asked again), unless a message
+        arrived on the frame's carrier while the frame was handled: otherwise the slices are queued, for
+        the batcher's pass to batch them with each other and with what that message brings. Asked last,
+        after the frame's handling, so the requests that arrive while one is handled share its batch as
+        they did when every realtime request was queued: near saturation (2000 lone requests/s on two
+        cores) that sharing is what keeps the loop from falling behind (serving each at once, as read,
+        saturated it in 2026-12-05's attempt: docs/GATEWAY.md)."""
+        if len(at_once) == 1 and not frame.carrier.more_waiting():
+            pool, items = at_once[0]
+            if pool.serves_at_once(items):
+                pool.serve_at_once(items)
+                return
         for pool, items in at_once:
-            pool.serve_at_once(items)
+            # Each pool was idle a moment ago and a small frame's requests are few: it takes them (were it
+            # not to, they were accepted and are served all the same).
+            if not pool.submit_many(items, now):
+                pool.serve_at_once(items)
 
     def _count_and_acknowledge(self, frame: _Frame, ack: pb.Ack) -> None:
         """A frame's requests routed: its counts added to the metrics, its Ack held or sent."""
@@ -528,7 +533,7 @@ class Ingest:
         fair share (gateway/dispatch/admission.py). ``small``: the frame holds few requests
         (WorkItem.small; counted before screening: a frame of 100 mostly duplicates is not small).
         ``at_once``: where a slice that a pool would serve at once goes instead of its queue, accepted, for
-        the caller to serve once the frame's Ack is held (PoolDispatcher.serve_at_once)."""
+        the caller to serve (or queue) once the frame's Ack is held (PoolDispatcher.serve_at_once)."""
         policy = self._policy.policy
         routed = route_frame(policy, screened, frame.region, _LiveSignals(self._pools, now))
         full = self._queue_routed(

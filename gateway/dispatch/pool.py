@@ -610,11 +610,10 @@ class PoolDispatcher:
 
     def serves_at_once(self, items: list[WorkItem]) -> bool:
         """Whether :meth:`serve_at_once` may take ``items`` (a slice of a frame, as for :meth:`submit_many`):
-        one realtime request of a frame marked realtime (WorkItem.urgent), and the batcher's next pass would
-        cut it alone and start it at once: nothing queued in the pool, a concurrency slot free, no wait for
-        company (``realtime_queue_delay_us`` 0), no pass running."""
-        if len(items) != 1:
-            return False
+        realtime requests of a frame marked realtime (WorkItem.urgent) that the batcher's next pass would
+        cut as one batch, alone, and start at once: nothing queued in the pool, a concurrency slot free, no
+        wait for company (``realtime_queue_delay_us`` 0), no pass running; more than one only where they
+        fit one batch (:meth:`_one_batch`)."""
         item = items[0]
         return (
             item.urgent
@@ -625,16 +624,31 @@ class PoolDispatcher:
             and not self._in_pass
             and not self._realtime_delay_s
             and len(self._inflight) < self.concurrency
+            and (len(items) == 1 or self._one_batch(items))
         )
+
+    def _one_batch(self, items: list[WorkItem]) -> bool:
+        """Whether the pass would cut these requests (one slice, queued alone) as one batch: no more than
+        the model takes, a model its server does not batch itself (one request per call), one length
+        bucket where the model's queues are per bucket (submit_many)."""
+        first = items[0]
+        spec = self._spec(first.request.model_name, first.request.model_version)
+        if spec is None or spec.server_batching or len(items) > batch_limit(self._max_batch, spec):
+            return False
+        if not self._pads(first):
+            return True
+        bucket = length_bucket(first.text_tokens)
+        return all(length_bucket(item.text_tokens) == bucket for item in items)
 
     def serve_at_once(self, items: list[WorkItem]) -> None:
         """Serve ``items`` (:meth:`serves_at_once` said so) as the batcher's pass would, without queueing
         them: the same batch, counted alike (its agent's requests served: lanes.Counts; its queue wait, 0),
-        its answer sent once it is served (``after_realtime``). A lone realtime request so skips its queue,
-        the pass's call and its pick: ~40 us of ~400 (bench.lone_profile)."""
+        its answers sent once it is served (``after_realtime``). A lone realtime request so skips its queue,
+        the pass's call and its pick: ~40 us of ~400 (bench.lone_profile --at-once-turns)."""
         now = time.monotonic()
+        for item in items:
+            item.enqueued = now
         first = items[0]
-        first.enqueued = now
         self._counts.served_at_once(first.agent_id, len(items))
         request = first.request
         self._in_pass = True

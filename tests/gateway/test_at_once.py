@@ -18,7 +18,7 @@ import zmq
 from edgewire import FrameCodec, pb
 from gateway.dispatch.work import WorkItem
 from gateway.ingress.reader import EdgeReader
-from gateway.testing import fault_injecting_pools, run_gateway, wait_for
+from gateway.testing import fault_injecting_pools, fresh_requests, run_gateway, wait_for
 from routing.types import Priority
 from tests.gateway.daemon.test_serving import synthetic
 from tests.gateway.test_backlog import received
@@ -76,13 +76,27 @@ def lone() -> list[WorkItem]:
     return urgent(requests("a", 1, Priority.REALTIME, deadline=time.monotonic() + 30.0))
 
 
-async def test_only_a_lone_urgent_realtime_request_for_an_idle_pool_is_served_at_once() -> None:
-    """Where the batcher's next pass would cut the slice alone and start it at once: one realtime request of
-    a frame marked realtime, nothing queued, a slot free, no wait for company, the pool running."""
+async def test_only_an_idle_pools_slice_of_urgent_realtime_requests_is_served_at_once() -> None:
+    """Where the batcher's next pass would cut the slice as one batch, alone, and start it at once: realtime
+    requests of a frame marked realtime, nothing queued, a slot free, no wait for company, the pool
+    running; more than one only where they fit one batch (the model's limit, one length bucket)."""
     held = HeldPool()
     p = held.pool
+    await p.backend.start()  # the null backend's demo models: their specs
     assert p.serves_at_once(lone())
-    assert not p.serves_at_once(urgent(requests("a", 2, Priority.REALTIME)))  # two: the pass batches them
+    assert p.serves_at_once(urgent(requests("a", 2, Priority.REALTIME)))  # one batch of two
+    p._max_batch = 2
+    assert not p.serves_at_once(urgent(requests("a", 3, Priority.REALTIME)))  # the pass cuts two, then one
+    texts = urgent(requests("a", 2, Priority.REALTIME))
+    for item, tokens in zip(texts, (4, 4), strict=True):
+        item.request.model_name, item.text_tokens = "text-encoder", tokens
+    assert p.serves_at_once(texts)  # one length bucket
+    texts[1].text_tokens = 20
+    assert not p.serves_at_once(texts)  # two buckets: two queues, two batches
+    unknown = urgent(requests("a", 2, Priority.REALTIME))
+    for item in unknown:
+        item.request.model_name = "no-such-model"
+    assert not p.serves_at_once(unknown)  # the pass answers those (MODEL_NOT_FOUND)
     assert not p.serves_at_once(requests("a", 1, Priority.REALTIME))  # a frame not marked realtime
     assert not p.serves_at_once(urgent(requests("a", 1, Priority.INTERACTIVE)))
     p._realtime_delay_s = 0.001  # realtime_queue_delay_us: the pass would wait for company
@@ -126,10 +140,10 @@ async def test_served_at_once_is_the_batch_and_the_counts_the_pass_would_make() 
 # ------------------------------------------------------------------------------------ in a gateway
 
 
-def frame(codec: FrameCodec, request: pb.InferRequest, routing_id: bytes) -> list[zmq.Frame]:
-    request.priority = pb.PRIORITY_CLASS_REALTIME
+def frame(codec: FrameCodec, requests: list[pb.InferRequest], routing_id: bytes) -> list[zmq.Frame]:
+    """A frame marked realtime (its requests keep their own classes)."""
     frames = codec.encode(
-        pb.RequestBatch(requests=[request]),
+        pb.RequestBatch(requests=requests),
         agent_id="shopper",
         region="us-west",
         priority=pb.PRIORITY_CLASS_REALTIME,
@@ -138,16 +152,14 @@ def frame(codec: FrameCodec, request: pb.InferRequest, routing_id: bytes) -> lis
     return received(frames, routing_id)
 
 
-@pytest.mark.parametrize("more_waiting", [False, True])
-async def test_a_lone_realtime_frame_is_answered_as_it_is_read_unless_more_wait_behind_it(
-    models_dir: Path, more_waiting: bool
-) -> None:
-    """Nothing waiting on its carrier once the frame is handled: the request is answered before on_message
-    returns, its answer and its Ack in one message. A message arrived meanwhile: queued for the batcher's
-    pass, to batch with what that message brings; answered after it, in one message with its Ack all the
-    same."""
-    # The null backend answers as it is called: the batch is served before serve_at_once returns (one that
-    # waits, as ONNX Runtime on its threads, is a task that answers when it is done, as from a pass).
+async def served(
+    models_dir: Path, requests: list[pb.InferRequest], more_waiting: bool
+) -> tuple[int, list[pb.ResponseBatch], int]:
+    """A realtime frame of ``requests`` handed to a real gateway's ingest (null backend: a batch is served
+    before serve_at_once returns; one that waits, as ONNX Runtime on its threads, is a task that answers
+    when done, as from a pass), ``more_waiting``: whether a message arrived while it was handled. What
+    was sent before on_message returned (messages), every message sent by the time all are answered,
+    and the requests the pools held queued right after on_message."""
     async with run_gateway(models_dir=models_dir, **fault_injecting_pools({"type": "null"})) as gw:
         ingest, carrier = gw.ingest, gw.carriers["hgc"]
         assert ingest is not None
@@ -161,16 +173,73 @@ async def test_a_lone_realtime_frame_is_answered_as_it_is_read_unless_more_wait_
             return "sent"
 
         carrier.send = send  # type: ignore[method-assign]
-        # Whether a message arrived while the frame was handled (asked last, before serving it at once)
         carrier.more_waiting = lambda: more_waiting  # type: ignore[method-assign]
-        request = synthetic(1, seed=71, kind=pb.REQUEST_KIND_RANKING)[0]  # its pipeline runs on the loop
-        ingest.on_message(carrier, frame(codec, request, b"\x00S"))
-        pools = gw.pools.values()
-        if more_waiting:
-            assert not sent and sum(p.depth for p in pools) == 1
-            await wait_for(lambda: bool(sent), what="the answer after the batcher's pass")
-        assert len(sent) == 1 and sum(p.depth for p in pools) == 0
-        (answer,) = sent
-        assert [r.request_id for r in answer.responses] == [request.request_id]
-        assert answer.responses[0].status == pb.STATUS_OK
-        assert [list(a.accepted_ids) for a in answer.acks] == [[request.request_id]]
+        ingest.on_message(carrier, frame(codec, requests, b"\x00S"))
+        at_once, queued = len(sent), sum(p.depth for p in gw.pools.values())
+        ids = {r.request_id for r in requests}
+        await wait_for(
+            lambda: {r.request_id for b in sent for r in b.responses} == ids, what="every request answered"
+        )
+        assert sum(p.depth for p in gw.pools.values()) == 0
+        return at_once, sent, queued
+
+
+def ranking(
+    n: int, priority: pb.PriorityClass.ValueType = pb.PRIORITY_CLASS_REALTIME
+) -> list[pb.InferRequest]:
+    """``n`` copies of one ranking request of class ``priority`` (fresh ids): routed alike, one slice (its
+    pipeline runs on the loop)."""
+    requests = fresh_requests(synthetic(1, seed=71, kind=pb.REQUEST_KIND_RANKING) * n)
+    for request in requests:
+        request.priority = priority
+    return requests
+
+
+@pytest.mark.parametrize("more_waiting", [False, True])
+async def test_a_lone_realtime_frame_is_answered_as_it_is_read_unless_a_message_arrived_meanwhile(
+    models_dir: Path, more_waiting: bool
+) -> None:
+    """Nothing waiting on its carrier once the frame is handled: the request is answered before on_message
+    returns, its answer and its Ack in one message. A message arrived meanwhile: queued for the batcher's
+    pass, to batch with what that message brings; answered after it, in one message with its Ack all the
+    same."""
+    requests = ranking(1)
+    at_once, sent, queued = await served(models_dir, requests, more_waiting)
+    assert (at_once, queued) == ((0, 1) if more_waiting else (1, 0))
+    (answer,) = sent
+    assert [(r.request_id, r.status) for r in answer.responses] == [(requests[0].request_id, pb.STATUS_OK)]
+    assert [list(a.accepted_ids) for a in answer.acks] == [[requests[0].request_id]]
+
+
+async def test_a_small_realtime_frame_of_one_slice_is_answered_as_it_is_read(models_dir: Path) -> None:
+    """Three realtime requests routed alike (one slice, one batch): served at once, all three answers and
+    the Ack in one message before on_message returns."""
+    requests = ranking(3)
+    at_once, sent, queued = await served(models_dir, requests, more_waiting=False)
+    assert (at_once, queued) == (1, 0)
+    (answer,) = sent
+    assert {r.request_id for r in answer.responses} == {r.request_id for r in requests}
+    assert {r.status for r in answer.responses} == {pb.STATUS_OK}
+    assert [set(a.accepted_ids) for a in answer.acks] == [{r.request_id for r in requests}]
+
+
+async def test_a_small_realtime_frame_of_two_slices_is_queued_for_the_pass(models_dir: Path) -> None:
+    """A ranking and a text request in one realtime frame (two slices): queued, so the pass cuts them as it
+    always did; answered after it."""
+    requests = ranking(1) + fresh_requests(synthetic(1, seed=72, kind=pb.REQUEST_KIND_TEXT))
+    requests[1].priority = pb.PRIORITY_CLASS_REALTIME
+    at_once, sent, queued = await served(models_dir, requests, more_waiting=False)
+    assert (at_once, queued) == (0, 2)
+    assert {r.status for b in sent for r in b.responses} == {pb.STATUS_OK}
+
+
+async def test_a_realtime_request_beside_a_queued_one_of_its_frame_waits_for_the_pass(
+    models_dir: Path,
+) -> None:
+    """A realtime ranking request and an interactive one of the same model in one realtime frame: the
+    interactive one is queued while the frame is routed, so the realtime one, whose pool was idle when
+    routed, is queued too (asked again before serving): the pass cuts them as it always did."""
+    requests = ranking(1) + ranking(1, pb.PRIORITY_CLASS_INTERACTIVE)
+    at_once, sent, queued = await served(models_dir, requests, more_waiting=False)
+    assert (at_once, queued) == (0, 2)
+    assert {r.status for b in sent for r in b.responses} == {pb.STATUS_OK}
