@@ -358,9 +358,14 @@ async def test_a_killed_shard_is_restarted_and_nothing_acked_is_lost(
             # Work the shard has acknowledged and not answered when it dies: images, each a CPU stage and a
             # model run, killed the moment their ack is read.
             burst = on_victim[0]
-            images = fresh_requests(synthetic(16, seed=78, kind=pb.REQUEST_KIND_IMAGE), budget_s=BUDGET_S)
+            # 48: more than one batch of the image model (32), so that under load too some are unanswered
+            # when the kill follows the ack (16 were, on a loaded machine, all answered in the ~20 ms
+            # between the ack and a poll of 20 ms; polled every 2 ms now).
+            images = fresh_requests(synthetic(48, seed=78, kind=pb.REQUEST_KIND_IMAGE), budget_s=BUDGET_S)
             burst_id = await burst.send(images)
-            await wait_for(lambda: burst.acked(burst_id), timeout_s=20, what="the burst acknowledged")
+            await wait_for(
+                lambda: burst.acked(burst_id), timeout_s=20, interval_s=0.002, what="the burst acknowledged"
+            )
             pid = int(process.ready["shard_pids"][victim])
             os.kill(pid, signal.SIGKILL)
             killed_at = time.monotonic()
