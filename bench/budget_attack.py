@@ -43,6 +43,7 @@ from bench.gateway_bench import GATEWAY_TOML, TICKS, Peer, Tracker, open_loop_dr
 from bench.netns import reexec_in_namespace
 from bench.report import machine, stamp, table, update_section
 from edgewire import FrameCodec, new_id, now_unix_us, pb
+from gateway.config import BudgetConfig
 
 WAIT_S = 10.0  # the longest a victim request is waited for after the phase
 
@@ -121,8 +122,18 @@ def attacker(
         ctx.term()
 
 
-def start_gateway(workdir: Path, budget_enabled: bool) -> Peer:
-    """A gateway with the null backend and the bench pools (bench/gateway_bench.py's), one carrier."""
+def budget_label(budget_enabled: bool, held_reads_per_s: float | None) -> str:
+    """How a row names the gateway's ``[budget]``: its defaults, off, or the defaults but the held pace."""
+    if not budget_enabled:
+        return "off"
+    if held_reads_per_s is None or held_reads_per_s == BudgetConfig().held_reads_per_s:
+        return "defaults"
+    return f"held_reads_per_s = {held_reads_per_s:g}"
+
+
+def start_gateway(workdir: Path, budget_enabled: bool, held_reads_per_s: float | None = None) -> Peer:
+    """A gateway with the null backend and the bench pools (bench/gateway_bench.py's), one carrier;
+    ``held_reads_per_s``: the budget's pace of held connections' frames (None: its default)."""
     models = workdir / "models"
     if not models.exists():
         from inference.models.demo import write_demo_repository
@@ -131,10 +142,12 @@ def start_gateway(workdir: Path, budget_enabled: bool) -> Peer:
     toml = GATEWAY_TOML.format(backend="null", models=models, backend_options="", pools=pools_toml())
     toml = toml.replace('level = "warning"', 'level = "info"')  # the ready line is logged at info
     toml += f"\n[budget]\nenabled = {'true' if budget_enabled else 'false'}\n"
-    config = workdir / f"gateway-budget-{budget_enabled}.toml"
+    if held_reads_per_s is not None:
+        toml += f"held_reads_per_s = {held_reads_per_s:g}\n"
+    config = workdir / f"gateway-budget-{budget_enabled}-{held_reads_per_s}.toml"
     config.write_text(toml)
     return Peer(
-        f"hk-gateway (budget {'on' if budget_enabled else 'off'})",
+        f"hk-gateway (budget {budget_label(budget_enabled, held_reads_per_s)})",
         [sys.executable, "-m", "gateway", "--config", str(config)],
         ready="stderr",
     )
@@ -208,15 +221,20 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run_pair(
-    work: Path, budget_enabled: bool, attack_rate: float, args: argparse.Namespace, nice: int = 0
+    work: Path,
+    budget_enabled: bool,
+    attack_rate: float,
+    args: argparse.Namespace,
+    nice: int = 0,
+    held_reads_per_s: float | None = None,
 ) -> tuple[Phase, Phase]:
     """On a fresh gateway: the victim unattacked, then attacked at ``attack_rate`` (0: full rate) by an
     attacker at ``nice``."""
     requests = workload(500, seed=5)
-    peer = start_gateway(work, budget_enabled)
+    peer = start_gateway(work, budget_enabled, held_reads_per_s)
     phases = []
     try:
-        label = "defaults" if budget_enabled else "off"
+        label = budget_label(budget_enabled, held_reads_per_s)
         for attack in ("none", "full rate" if not attack_rate else f"{attack_rate:g}/s"):
             stop = mp.Event()
             sent: Synchronized[int] = mp.Value("l", 0)
@@ -360,10 +378,13 @@ def render(pairs: list[tuple[Phase, Phase]], args: argparse.Namespace) -> str:
     ]
     rates = ",".join(f"{r:g}" for r in args.attack_rates)
     nices = ",".join(str(n) for n in args.attacker_nice)
+    extra = "" if args.budgets == ["on", "off"] else f" --budgets {','.join(args.budgets)}"
+    if args.held_reads_per_s:
+        extra += f" --held-reads-per-s {','.join(f'{x:g}' for x in args.held_reads_per_s)}"
     return (
         "## Per-agent cost budget under a decompression-bomb flood (issue 24 item 4)\n\n"
         f"Command: `python -m bench.budget_attack --seconds {args.seconds:g} --rate {args.rate:g} "
-        f"--attack-rates {rates} --attacker-nice {nices} --repeat {args.repeat} --write`  \n"
+        f"--attack-rates {rates} --attacker-nice {nices}{extra} --repeat {args.repeat} --write`  \n"
         f"Measured {stamp()} on {machine()}.\n\n"
         f"A victim agent sends one realtime request per frame, open loop at {args.rate:g}/s for "
         f"{args.seconds:g} s (latency from the scheduled send time; unanswered {WAIT_S:g} s after the "
@@ -389,8 +410,12 @@ def render(pairs: list[tuple[Phase, Phase]], args: argparse.Namespace) -> str:
         "'gateway loop CPU': what the gateway's event-loop thread got "
         "per second of the phase; 'machine busy': all cores, whatever runs on them. At full rate the "
         "attacker keeps sending whatever is refused, so the gateway reads a frame, refuses it (no "
-        "decompression, at most 64 Acks per hold) and reads the next as fast as it can: a flood of frames "
-        "the budget cannot make free, since a frame's envelope must be read to know whose it is."
+        "decompression, at most 64 Acks per hold), and its connection is then held: its frames are refused "
+        "as soon as their envelope is read, and the carrier reads them at most `held_reads_per_s` a second "
+        "(5,000 by default; a ROUTER reads its connections in turn, so its reader pauses: "
+        "gateway/ingress/budget.py HeldReadPace), the rest waiting in ZeroMQ and the attacker's sends "
+        "stopping at its high-water mark. `held_reads_per_s = 0` reads them as fast as they come: a frame's "
+        "envelope must be read to know whose it is, so the flood then takes the loop."
     )
 
 
@@ -410,6 +435,18 @@ def main(argv: list[str] | None = None) -> int:
         default=[0],
         help="the attacker process's nice values, comma-separated; each attack runs at each",
     )
+    parser.add_argument(
+        "--budgets",
+        type=lambda text: text.split(","),
+        default=["on", "off"],
+        help="on, off or both: the gateway's [budget] enabled or not",
+    )
+    parser.add_argument(
+        "--held-reads-per-s",
+        type=lambda text: [float(x) for x in text.split(",")],
+        default=None,
+        help="with the budget on, each of these [budget] held_reads_per_s in turn (default: its default)",
+    )
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--declared-mib", type=int, default=32)
     parser.add_argument("--max-frames", type=int, default=2_000_000)
@@ -423,11 +460,16 @@ def main(argv: list[str] | None = None) -> int:
         return code
     pairs: list[tuple[Phase, Phase]] = []
     with tempfile.TemporaryDirectory() as tmp:
+        settings: list[tuple[bool, float | None]] = []
+        if "on" in args.budgets:
+            settings += [(True, pace) for pace in (args.held_reads_per_s or [None])]
+        if "off" in args.budgets:
+            settings.append((False, None))
         for _ in range(args.repeat):
-            for enabled in (True, False):
+            for enabled, pace in settings:
                 for attack_rate in args.attack_rates:
                     for nice in args.attacker_nice:
-                        base, attacked = run_pair(Path(tmp), enabled, attack_rate, args, nice)
+                        base, attacked = run_pair(Path(tmp), enabled, attack_rate, args, nice, pace)
                         pairs.append((base, attacked))
     report = render(pairs, args)
     print(json.dumps([[asdict(b), asdict(a)] for b, a in pairs], indent=2) if args.json else report)

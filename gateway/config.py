@@ -253,6 +253,10 @@ class CaptureConfig(_Section):
     redact_key_file: str | None = None  # >= 16 bytes; without one a random key per process
 
 
+MIN_HELD_READS_PER_S = 100.0
+"""The slowest pace of held connections' frames (``budget.held_reads_per_s``): a pause of 10 ms at most."""
+
+
 class BudgetConfig(_Section):
     """Each agent's cost budget at ingest (gateway/ingress/budget.py): two token buckets per agent, one
     over the bytes its frames decompress to, one over the event loop's time spent decoding them. A frame
@@ -272,6 +276,21 @@ class BudgetConfig(_Section):
     decode_s_per_s: float = Field(default=0.5, gt=0)  # decode CPU seconds per second, per agent
     burst_decode_s: float = Field(default=0.5, gt=0)
     max_agents: int = Field(default=4096, ge=1)  # agents tracked; the least recently seen go first
+    # Frames a carrier reads per second from connections held for ignoring their retry-after (beyond a
+    # burst of 32): past it the carrier's reader pauses. 0: read them as fast as they come. Every other
+    # connection is read in turn with them, so during an attack each is read at least this often.
+    held_reads_per_s: float = Field(default=5000.0, ge=0)
+
+    @field_validator("held_reads_per_s")
+    @classmethod
+    def _held_pace(cls, value: float) -> float:
+        # Each held frame past the burst pauses the carrier 1 / this, every other connection on it with it.
+        if 0 < value < MIN_HELD_READS_PER_S:
+            raise ValueError(
+                f"0 (not paced) or at least {MIN_HELD_READS_PER_S:g}: each pause (1 / this) holds every "
+                "connection of the carrier"
+            )
+        return value
 
 
 class ModelPipelineConfig(_Section):

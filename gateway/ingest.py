@@ -31,7 +31,14 @@ from gateway.frames.route import Routed, route_frame
 from gateway.frames.wire import request_spans
 from gateway.ingress.auth import AgentAuthenticator, AgentDirectory
 from gateway.ingress.backlog import Backlog
-from gateway.ingress.budget import BUDGETED_KINDS, OVER_BUDGET, AgentBudgets, HeldConnections, over_budget_ack
+from gateway.ingress.budget import (
+    BUDGETED_KINDS,
+    OVER_BUDGET,
+    AgentBudgets,
+    HeldConnections,
+    HeldReadPace,
+    over_budget_ack,
+)
 from gateway.ingress.carrier import Carrier
 from gateway.ingress.inflate import OffLoopInflater
 from gateway.ingress.reader import READ_BUDGET_S
@@ -184,6 +191,7 @@ class Ingest:
         )
         self._closed = False
         self.held = HeldConnections()  # connections of agents past their told refusals in a hold
+        self._held_pace = HeldReadPace(config.budget.held_reads_per_s)  # how fast their frames are read
         self.backlog: Backlog[tuple[_Frame, memoryview]] = Backlog(
             self._serve,
             lambda read, exc: self._frame_failed(read[0], exc),
@@ -310,22 +318,46 @@ class Ingest:
                 control = self._codec.encode(ack, agent_id=agent_id, region="hk", dict_id=0)
                 self._replies.send_control(carrier, routing_id, control)
             elif self._capture is None or not self._capture.active():  # capture sees every frame whole
-                self.held.hold(carrier.name, routing_id, envelope.agent_id, self.budgets.hold_ends(agent_id))
+                ends = self.budgets.hold_ends(agent_id)
+                self.held.hold(carrier.name, routing_id, envelope.agent_id, ends, agent_id)
         return False
 
     # ------------------------------------------------------------------ held connections
 
     def _still_held(self, carrier: Carrier, routing_id: bytes, envelope: pb.Envelope) -> bool:
         """Whether this request batch comes on a held connection naming the held agent in its envelope: then
-        refused ``over_budget``, unanswered, as the rest of its hold would be. Not while capture is on (it
-        sees every frame whole)."""
-        if not self.held.holds(carrier.name, routing_id, envelope.agent_id, self._clock()):
+        refused ``over_budget``, unanswered, as the rest of its hold would be, and the carrier's reading
+        paced (:class:`HeldReadPace`). On a connection whose hold has ended (lapsed: its agent had ignored
+        it), a batch its agent's budget would refuse holds it again until the budget would take it, without
+        an Ack (the agent was told, and went on); one it would take goes on, admitted when its turn comes.
+        Not while capture is on (it sees every frame whole)."""
+        now = self._clock()
+        state = self.held.state(carrier.name, routing_id, envelope.agent_id, now)
+        if state is None:
             return False
         if self._capture is not None and self._capture.active():
             self.held.release(carrier.name, routing_id)
             return False
+        ends, owner = state
+        if now >= ends:
+            inflated = envelope.uncompressed_length if envelope.codec == pb.CODEC_ZSTD else 0
+            wait_s = self.budgets.admit(owner, inflated, now)
+            if wait_s is None:
+                return False
+            self.held.hold(carrier.name, routing_id, envelope.agent_id, now + wait_s, owner)
         self._reject(carrier, routing_id, b"", OVER_BUDGET, answer=False)  # counted and logged as the others
+        self._pace_held(carrier, now)
         return True
+
+    def _pace_held(self, carrier: Carrier, now: float) -> None:
+        """The carrier's reader read a frame of a held connection and it was refused: its reading paced. Only
+        as it is read: the frames the backlog holds (read before the hold) were read already, and pacing the
+        reader for them would hold every other connection's frames back while the backlog is worked off (a
+        victim's p99 500 ms behind a full-rate flood at 1,000 a second, bench/budget_attack.py)."""
+        pause_s = self._held_pace.take(carrier.name, now)
+        if pause_s > 0:
+            carrier.pause_reading(pause_s)
+            self._metrics.tally.inc(self._metrics.read_pauses, (carrier.name,))
 
     def release_holds(self) -> None:
         """Forget every held connection (a reload may have revoked or remapped an agent's key: its frames

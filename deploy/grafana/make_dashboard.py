@@ -92,6 +92,11 @@ PANELS = [
         ],
     ),
     (
+        "Carrier reads paused for connections held over budget (a flood ignoring its retry-after)",
+        "none",
+        [("sum by (carrier) (rate(hkgw_carrier_read_pauses_total[1m]))", "per s {{carrier}}")],
+    ),
+    (
         "Backends: calls by outcome, breaker state",
         "none",
         [

@@ -190,50 +190,67 @@ class AgentBudgets:
 MAX_HELD: Final = 4096
 """Held connections remembered (:class:`HeldConnections`); beyond it the oldest are forgotten (their frames
 take the whole path again, and are refused there)."""
+LAPSED_KEEP_S: Final = 60.0
+"""How long a connection whose hold ended is still remembered (:meth:`HeldConnections.state`): its agent
+ignored that hold, so its request batches there are checked against its budget as they are read, and one
+the budget would refuse holds the connection again at once, instead of being read into the backlog with
+the rest of its flood and refused there (its reads a burst of the loop's time every time a hold ends:
+bench/budget_attack.py, a victim's slowest requests came 4 s apart, at each hold's end)."""
 
 
 class HeldConnections:
     """Connections whose agent kept sending past the :data:`TOLD_PER_HOLD` answered refusals of a hold:
     until the hold ends, their request batches are refused right after the envelope is read (not its
-    identity, reply route or buckets), whatever they declare.
+    identity, reply route or buckets), whatever they declare; for :data:`LAPSED_KEEP_S` after it ends the
+    connection is remembered as lapsed (the caller checks its frames against the budget as they are read).
 
     Keyed by (carrier, routing id): a ROUTER's routing ids are its own, one per connection. A held
     connection is refused only frames naming the agent it was held for; anything else on it takes the whole
-    path. At most ``limit`` are held, the oldest forgotten first. Pure: the caller's clock.
+    path. At most ``limit`` are remembered, the oldest forgotten first. Pure: the caller's clock.
     """
 
     __slots__ = ("_held", "limit")
 
     def __init__(self, limit: int = MAX_HELD) -> None:
         self.limit = limit
-        self._held: dict[tuple[str, bytes], tuple[str, float]] = {}  # -> (envelope's agent id, hold's end)
+        # -> (the envelope's agent id, the agent whose budget it is, the hold's end)
+        self._held: dict[tuple[str, bytes], tuple[str, str, float]] = {}
 
     def __len__(self) -> int:
         return len(self._held)
 
     def connections(self) -> list[tuple[str, bytes]]:
-        """The held connections, oldest hold first."""
+        """The remembered connections (held or lapsed), oldest hold first."""
         return list(self._held)
 
-    def hold(self, carrier: str, routing_id: bytes, agent_id: str, until: float) -> None:
-        """Hold the connection for frames naming ``agent_id`` (the envelope's) until ``until``; a connection
-        held again moves to the newest."""
+    def hold(
+        self, carrier: str, routing_id: bytes, agent_id: str, until: float, owner: str | None = None
+    ) -> None:
+        """Hold the connection for frames naming ``agent_id`` (the envelope's) until ``until``; ``owner``: the
+        agent whose budget it is (the key's under CurveZMQ; default ``agent_id``). A connection held again
+        moves to the newest."""
         held = self._held
         held.pop((carrier, routing_id), None)
-        held[(carrier, routing_id)] = (agent_id, until)
+        held[(carrier, routing_id)] = (agent_id, agent_id if owner is None else owner, until)
         while len(held) > self.limit:
             del held[next(iter(held))]
 
-    def holds(self, carrier: str, routing_id: bytes, agent_id: str, now: float) -> bool:
-        """Whether a request batch naming ``agent_id`` on this connection is refused now; a hold that has
-        ended is forgotten."""
+    def state(self, carrier: str, routing_id: bytes, agent_id: str, now: float) -> tuple[float, str] | None:
+        """(the hold's end, its budget's agent) for a request batch naming ``agent_id`` on this connection, if
+        it is held (``now`` before the end) or lapsed (after it, within :data:`LAPSED_KEEP_S`); None
+        otherwise. A hold lapsed longer than that is forgotten."""
         held = self._held.get((carrier, routing_id))
         if held is None or agent_id != held[0]:
-            return False
-        if now >= held[1]:
+            return None
+        if now >= held[2] + LAPSED_KEEP_S:
             del self._held[(carrier, routing_id)]
-            return False
-        return True
+            return None
+        return held[2], held[1]
+
+    def holds(self, carrier: str, routing_id: bytes, agent_id: str, now: float) -> bool:
+        """Whether a request batch naming ``agent_id`` on this connection is refused now."""
+        state = self.state(carrier, routing_id, agent_id, now)
+        return state is not None and now < state[0]
 
     def release(self, carrier: str, routing_id: bytes) -> None:
         """Forget the connection's hold, if any."""
@@ -242,6 +259,52 @@ class HeldConnections:
     def clear(self) -> None:
         """Forget every hold."""
         self._held.clear()
+
+
+HELD_READS_BURST: Final = 32
+"""Held connections' frames read at once before :class:`HeldReadPace` paces them."""
+MAX_HELD_PAUSE_S: Final = 0.001
+"""The longest pause :class:`HeldReadPace` asks for (at the slowest pace allowed, 100 frames a second,
+one frame's: 10 ms): the debt it runs up stops there. Every other connection of the carrier waits out a
+pause, and the event loop's timers count whole milliseconds (uvloop rounds a shorter one to the next
+iteration), so the pace is kept by pausing a millisecond after a few frames, not a fifth of one after
+each. A debt of a whole burst let pauses reach 6.4 ms at 5,000 a second: a victim's p99 behind a
+full-rate flood 6.8 ms against 2.4 unattacked (bench/budget_attack.py)."""
+
+
+class HeldReadPace:
+    """How fast a carrier's ROUTER may read frames that held connections keep sending: a token bucket per
+    carrier, refilled at ``per_s`` up to :data:`HELD_READS_BURST` (``per_s`` 0: not paced).
+
+    A held frame is refused as soon as its envelope is read, but reading it still costs the loop ~10 us, and
+    an agent that ignores its retry-after sends as fast as the gateway reads: at full rate that is the whole
+    loop (bench/budget_attack.py). A ROUTER cannot stop reading one connection, so its reader pauses
+    (EdgeReader.pause) for what the held frame overdrew: the attacker's frames then wait in ZeroMQ's queue
+    and its sends stop at the high-water mark. The others lose little: a ROUTER reads its connections in
+    turn, a message of each, so their frames wait a pause of ``1 / per_s`` or two (one whose connection
+    had run dry comes after the held one's next frame), and during an attack every other connection is read
+    about as often as the held one. Only frames the reader reads count (:meth:`take` from the read), not
+    those a backlog holds from before the hold: pacing the reader for those would hold everyone else back.
+    Pure: the caller's clock.
+    """
+
+    __slots__ = ("_buckets", "per_s")
+
+    def __init__(self, per_s: float) -> None:
+        self.per_s = per_s
+        self._buckets: dict[str, tuple[float, float]] = {}  # carrier -> (tokens, when last refilled)
+
+    def take(self, carrier: str, now: float) -> float:
+        """Count one held frame read on ``carrier``: how long its reader should pause before it reads on (0:
+        not at all)."""
+        per_s = self.per_s
+        if per_s <= 0:
+            return 0.0
+        tokens, at = self._buckets.get(carrier, (float(HELD_READS_BURST), now))
+        tokens = min(float(HELD_READS_BURST), tokens + max(0.0, now - at) * per_s) - 1.0
+        tokens = max(tokens, -max(1.0, per_s * MAX_HELD_PAUSE_S))  # no pause longer than that
+        self._buckets[carrier] = (tokens, now)
+        return 0.0 if tokens >= 0 else -tokens / per_s
 
 
 def retry_after_ms(retry_after_s: float) -> int:

@@ -81,6 +81,11 @@ class Carrier(Protocol):
         is served at once only when none does (gateway/ingest.py)."""
         ...
 
+    def pause_reading(self, seconds: float) -> None:
+        """Read nothing for ``seconds``: a held connection's frames paced (gateway/ingress/budget.py
+        HeldReadPace). Where this process does not read the ROUTER itself, nothing."""
+        ...
+
     def stalled(self, now: float, stall_s: float) -> bool: ...
 
     def peer_property(self, header: zmq.Frame, name: str) -> str: ...
@@ -237,6 +242,10 @@ class CarrierIngress:
 
     def more_waiting(self) -> bool:
         return self._reader is not None and self._reader.waiting_now()
+
+    def pause_reading(self, seconds: float) -> None:
+        if self._reader is not None:
+            self._reader.pause(seconds)
 
     def stalled(self, now: float, stall_s: float) -> bool:
         """True when input is waiting but nothing was read for ``stall_s``: the carrier passes no traffic."""

@@ -257,6 +257,12 @@ class GatewayMetrics:
         self.frames_rejected = Counter(
             f"{NS}_frames_rejected", "Frames refused whole, by reason", ["carrier", "reason"], registry=r
         )
+        self.read_pauses = Counter(
+            f"{NS}_carrier_read_pauses",
+            "Pauses of a carrier's reading that paced frames of connections held over budget",
+            ["carrier"],
+            registry=r,
+        )
         self.inflated_off_loop = Counter(
             f"{NS}_frames_inflated_off_loop",
             "Large zstd frames decompressed on the inflate thread instead of the event loop",

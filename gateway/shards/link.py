@@ -98,6 +98,10 @@ class LinkedCarrier:
     def more_waiting(self) -> bool:
         return self._link.more_waiting()
 
+    def pause_reading(self, seconds: float) -> None:
+        """Nothing: the front reads the carrier's ROUTER, and the link carries every agent's frames (pausing
+        it would hold them all)."""
+
     def stalled(self, now: float, stall_s: float) -> bool:
         return False  # the front judges its carriers; a shard that stops reading stops reporting status
 

@@ -21,6 +21,7 @@ from edgewire import FrameCodec, new_id, now_unix_us, pb
 from gateway.config import BudgetConfig, ConfigError, load_config
 from gateway.ingress.budget import (
     CONTROL_FREE_BYTES,
+    LAPSED_KEEP_S,
     MAX_HELD,
     TOLD_PER_HOLD,
     AgentBudgets,
@@ -407,7 +408,9 @@ def test_held_connections_are_bounded_oldest_first() -> None:
 
 def test_a_hold_refuses_only_its_agent_on_its_connection_until_it_ends() -> None:
     """A held connection refuses frames naming the agent it was held for, on that carrier and connection,
-    until the hold's end; then the hold is forgotten. Released one by one or all at once."""
+    until the hold's end; then the hold lapses, remembered for LAPSED_KEEP_S (the gateway checks the
+    connection's frames against the budget as they are read), then it is forgotten. Released one by one or
+    all at once."""
     held = HeldConnections()
     held.hold("hgc", b"\x01", "flooder", 10.0)
     assert held.holds("hgc", b"\x01", "flooder", 9.9)
@@ -415,8 +418,13 @@ def test_a_hold_refuses_only_its_agent_on_its_connection_until_it_ends() -> None
     assert not held.holds("pccw", b"\x01", "flooder", 9.9)  # the same routing id on another carrier
     assert not held.holds("hgc", b"\x02", "flooder", 9.9)
     assert len(held) == 1
-    assert not held.holds("hgc", b"\x01", "flooder", 10.0)  # ended
+    assert not held.holds("hgc", b"\x01", "flooder", 10.0)  # ended: lapsed, remembered a while
+    assert held.state("hgc", b"\x01", "flooder", 10.0) == (10.0, "flooder")
+    assert held.state("hgc", b"\x01", "other", 10.0) is None
+    assert held.state("hgc", b"\x01", "flooder", 10.0 + LAPSED_KEEP_S) is None  # then forgotten
     assert len(held) == 0
+    held.hold("hgc", b"\x01", "envelope-id", 10.0, owner="key-id")  # the budget's agent: the key's
+    assert held.state("hgc", b"\x01", "envelope-id", 9.0) == (10.0, "key-id")
     held.hold("hgc", b"\x01", "flooder", 10.0)
     held.hold("hgc", b"\x02", "flooder", 10.0)
     held.release("hgc", b"\x01")

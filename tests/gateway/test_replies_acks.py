@@ -38,6 +38,9 @@ class RecordingCarrier:
     def more_waiting(self) -> bool:
         return False
 
+    def pause_reading(self, seconds: float) -> None:
+        pass
+
     def peer_property(self, header: zmq.Frame, name: str) -> str:
         return ""
 
