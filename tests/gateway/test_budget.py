@@ -322,6 +322,17 @@ def rejected(gw: Gateway, carrier: str, label: str) -> float:
     return gw.metrics.registry.get_sample_value("hkgw_frames_rejected_total", labels_) or 0.0
 
 
+async def flood_past_the_told(gw: Gateway, agent: WireClient, past: int) -> None:
+    """``agent`` (on hgc, as "flooder") sends two bombs of 4 MiB a burst of 8 MiB admits, then
+    TOLD_PER_HOLD + ``past`` more, and waits until all of those are refused over_budget and a Ping after
+    them is answered (every refusal's Ack came first)."""
+    for _ in range(2 + TOLD_PER_HOLD + past):
+        await agent.send_raw(bomb(4 * MIB, "flooder"))
+    refused = TOLD_PER_HOLD + past
+    await wait_for(lambda: rejected(gw, "hgc", "over_budget") == refused, what="the flood refused")
+    await agent.ping()
+
+
 # 8 MiB of burst for bombs of 4 MiB, each costing its size; the refill (64 KiB/s) gives a third one only
 # after a minute.
 TIGHT = {"bytes_per_s": 64 << 10, "burst_bytes": 8 * MIB, "large_frame_bytes": 4 * MIB}
@@ -360,7 +371,6 @@ async def test_an_agent_flooding_past_its_told_refusals_is_held_until_the_hold_e
     refused over_budget before anything else is read of them, whatever they declare, until the hold ends:
     a small batch its bytes bucket would take is refused then (counted, unanswered), its Ping still answered;
     once the hold is over the same request is served."""
-    floods = [bomb(4 * MIB, "flooder") for _ in range(2 + TOLD_PER_HOLD + 10)]
     request = synthetic(1, seed=92)
     # At 1 MiB/s a refused 4 MiB frame waits ~4 s: the hold outlasts the flood on a slow machine too.
     budget = {"bytes_per_s": 1 * MIB, "burst_bytes": 8 * MIB, "large_frame_bytes": 4 * MIB}
@@ -370,11 +380,8 @@ async def test_an_agent_flooding_past_its_told_refusals_is_held_until_the_hold_e
     ):
         ingest = gw.ingest
         assert ingest is not None
-        for f in floods:
-            await agent.send_raw(f)
         refused = TOLD_PER_HOLD + 10
-        await wait_for(lambda: rejected(gw, "hgc", "over_budget") == refused, what="the flood refused")
-        await agent.ping()  # after every refusal: their Acks came first
+        await flood_past_the_told(gw, agent, 10)
         told = [a for a in agent.acks.values() if a.frame_reject == pb.REJECT_REASON_OVER_BUDGET]
         assert len(told) == TOLD_PER_HOLD
         ends = ingest.budgets.hold_ends("flooder")

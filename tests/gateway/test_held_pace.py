@@ -5,7 +5,9 @@ a held flood at its pace while another agent on the same carrier is served in be
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ from gateway.ingress.budget import HELD_READS_BURST, MAX_HELD_PAUSE_S, TOLD_PER_
 from gateway.ingress.reader import EdgeReader
 from gateway.testing import WireClient, fresh_requests, run_gateway, wait_for
 from tests.gateway.daemon.test_serving import synthetic
-from tests.gateway.test_budget import MIB, bomb, rejected
+from tests.gateway.test_budget import MIB, bomb, flood_past_the_told, rejected
 
 # ------------------------------------------------------------------------------------------ the bucket
 
@@ -70,10 +72,9 @@ def test_the_rate_is_configured_under_budget_and_checked() -> None:
 # ------------------------------------------------------------------------------------------ the reader
 
 
-async def test_a_paused_reader_reads_nothing_until_the_pause_ends_then_everything_waiting() -> None:
-    """A real ROUTER on loopback: the handler pauses the reader at the third message; the burst stops there,
-    nothing is delivered during the pause (messages sent meanwhile wait, their edges ignored), and when it
-    ends the reader drains every message, those sent during the pause included."""
+@contextlib.contextmanager
+def router_and_dealer() -> Iterator[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]]:
+    """A ROUTER bound on loopback and a DEALER connected to it, closed afterwards."""
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
@@ -81,6 +82,18 @@ async def test_a_paused_reader_reads_nothing_until_the_pause_ends_then_everythin
     dealer = ctx.socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
     dealer.connect(f"tcp://127.0.0.1:{port}")
+    try:
+        yield router, dealer
+    finally:
+        dealer.close(0)
+        router.close(0)
+        ctx.term()
+
+
+async def test_a_paused_reader_reads_nothing_until_the_pause_ends_then_everything_waiting() -> None:
+    """A real ROUTER on loopback: the handler pauses the reader at the third message; the burst stops there,
+    nothing is delivered during the pause (messages sent meanwhile wait, their edges ignored), and when it
+    ends the reader drains every message, those sent during the pause included."""
     delivered: list[tuple[bytes, float]] = []
     reader: EdgeReader
 
@@ -89,56 +102,47 @@ async def test_a_paused_reader_reads_nothing_until_the_pause_ends_then_everythin
         if len(delivered) == 3:
             reader.pause(0.3)
 
-    reader = EdgeReader(router, deliver, lambda exc: None, max_messages=64)
-    try:
-        for n in range(10):
-            dealer.send(b"%d" % n)
-        await asyncio.sleep(0.05)  # all ten with ZeroMQ before the reader starts: one burst would take them
-        reader.start()
-        await asyncio.sleep(0.1)
-        assert [m for m, _ in delivered] == [b"0", b"1", b"2"]
-        assert reader.paused
-        for n in range(10, 15):
-            dealer.send(b"%d" % n)
-        await asyncio.sleep(0.05)
-        reader.schedule()  # what a send on the socket asks: not while paused
-        await asyncio.sleep(0)
-        assert len(delivered) == 3
-        await wait_for(lambda: len(delivered) == 15, timeout_s=5, what="the rest read after the pause")
-        assert [m for m, _ in delivered] == [b"%d" % n for n in range(15)]
-        assert delivered[3][1] - delivered[2][1] >= 0.29
-        assert not reader.paused
-    finally:
-        reader.stop()
-        dealer.close(0)
-        router.close(0)
-        ctx.term()
+    with router_and_dealer() as (router, dealer):
+        reader = EdgeReader(router, deliver, lambda exc: None, max_messages=64)
+        try:
+            for n in range(10):
+                dealer.send(b"%d" % n)
+            await asyncio.sleep(0.05)  # all ten with ZeroMQ before the reader starts: one burst takes them
+            reader.start()
+            await asyncio.sleep(0.1)
+            assert [m for m, _ in delivered] == [b"0", b"1", b"2"]
+            assert reader.paused
+            for n in range(10, 15):
+                dealer.send(b"%d" % n)
+            await asyncio.sleep(0.05)
+            reader.schedule()  # what a send on the socket asks: not while paused
+            await asyncio.sleep(0)
+            assert len(delivered) == 3
+            await wait_for(lambda: len(delivered) == 15, timeout_s=5, what="the rest read after the pause")
+            assert [m for m, _ in delivered] == [b"%d" % n for n in range(15)]
+            assert delivered[3][1] - delivered[2][1] >= 0.29
+            assert not reader.paused
+        finally:
+            reader.stop()
 
 
 async def test_a_reader_stopped_during_a_pause_does_not_resume() -> None:
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.LINGER, 0)
-    dealer.connect(f"tcp://127.0.0.1:{port}")
     delivered: list[bytes] = []
-    reader = EdgeReader(router, lambda frames: delivered.append(frames[1].bytes), lambda exc: None, 64)
-    try:
+    with router_and_dealer() as (router, dealer):
+        reader = EdgeReader(router, lambda frames: delivered.append(frames[1].bytes), lambda exc: None, 64)
         reader.start()
         reader.pause(0.05)
         dealer.send(b"late")
         reader.stop()
         await asyncio.sleep(0.2)
         assert delivered == [] and not reader.paused
-    finally:
-        dealer.close(0)
-        router.close(0)
-        ctx.term()
 
 
 # ------------------------------------------------------------------------------------------ a gateway
+
+HELD_FLOOD = 400  # bombs sent on the flooder's connection once it is held
+# At 1 MiB/s a refused 4 MiB bomb waits ~4 s: the hold outlasts the flood.
+SLOW_REFILL = {"bytes_per_s": 1 * MIB, "burst_bytes": 8 * MIB, "large_frame_bytes": 4 * MIB}
 
 
 async def test_a_held_flood_is_read_at_its_pace_and_another_agent_on_the_carrier_is_served_in_between(
@@ -150,12 +154,10 @@ async def test_a_held_flood_is_read_at_its_pace_and_another_agent_on_the_carrier
     frame is read after at most a held frame or two, and it is answered while most of the flood is still
     unread; the carrier's pauses are counted. Without the pace (held_reads_per_s = 0) the carrier reads the
     whole flood as fast as it can (test below)."""
-    held = 400
+    held = HELD_FLOOD
     floods = [bomb(4 * MIB, "flooder") for _ in range(2 + TOLD_PER_HOLD + held)]
-    # At 1 MiB/s a refused 4 MiB frame waits ~4 s: the hold outlasts the flood.
-    budget = {"bytes_per_s": 1 * MIB, "burst_bytes": 8 * MIB, "large_frame_bytes": 4 * MIB}
     async with (
-        run_gateway(models_dir=models_dir, budget={**budget, "held_reads_per_s": 200.0}) as gw,
+        run_gateway(models_dir=models_dir, budget={**SLOW_REFILL, "held_reads_per_s": 200.0}) as gw,
         WireClient(gw.endpoint("hgc"), agent_id="flooder") as flooder,
         WireClient(gw.endpoint("hgc"), agent_id="victim") as victim,
     ):
@@ -186,16 +188,13 @@ async def test_a_held_flood_is_read_at_its_pace_and_another_agent_on_the_carrier
 async def test_unpaced_a_held_flood_is_read_as_fast_as_it_comes(models_dir: Path) -> None:
     """held_reads_per_s = 0: the same flood is read without a pause (none counted), in well under the
     ~1.8 s that 200 a second would take."""
-    held = 400
-    floods = [bomb(4 * MIB, "flooder") for _ in range(2 + TOLD_PER_HOLD + held)]
-    budget = {"bytes_per_s": 1 * MIB, "burst_bytes": 8 * MIB, "large_frame_bytes": 4 * MIB}
     async with (
-        run_gateway(models_dir=models_dir, budget={**budget, "held_reads_per_s": 0.0}) as gw,
+        run_gateway(models_dir=models_dir, budget={**SLOW_REFILL, "held_reads_per_s": 0.0}) as gw,
         WireClient(gw.endpoint("hgc"), agent_id="flooder") as flooder,
     ):
-        for f in floods:
-            await flooder.send_raw(f)
-        await wait_for(lambda: rejected(gw, "hgc", "over_budget") == TOLD_PER_HOLD + held, timeout_s=30)
+        for _ in range(2 + TOLD_PER_HOLD + HELD_FLOOD):
+            await flooder.send_raw(bomb(4 * MIB, "flooder"))
+        await wait_for(lambda: rejected(gw, "hgc", "over_budget") == TOLD_PER_HOLD + HELD_FLOOD, timeout_s=30)
         assert gw.metrics.registry.get_sample_value("hkgw_carrier_read_pauses_total", {"carrier": "hgc"}) in (
             None,
             0.0,
@@ -206,7 +205,6 @@ async def test_a_lapsed_hold_is_taken_up_again_by_a_frame_the_budget_refuses(mod
     """Once a held connection's hold ends, its agent's next batch is checked against the budget as it is
     read: one the budget refuses holds the connection again, refused unanswered (the agent was told and
     went on), not decompressed; once the budget takes its frames again, a request there is served."""
-    floods = [bomb(4 * MIB, "flooder") for _ in range(2 + TOLD_PER_HOLD + 5)]
     # 4 MiB/s: a refused 4 MiB bomb waits ~1 s; a 16 MiB one costs more than the bucket, so it waits for a
     # full one (8 MiB, ~2 s from empty).
     budget = {"bytes_per_s": 4 * MIB, "burst_bytes": 8 * MIB, "large_frame_bytes": 4 * MIB}
@@ -216,12 +214,7 @@ async def test_a_lapsed_hold_is_taken_up_again_by_a_frame_the_budget_refuses(mod
     ):
         ingest = gw.ingest
         assert ingest is not None
-        for f in floods:
-            await agent.send_raw(f)
-        await wait_for(
-            lambda: rejected(gw, "hgc", "over_budget") == TOLD_PER_HOLD + 5, what="the flood refused"
-        )
-        await agent.ping()
+        await flood_past_the_told(gw, agent, 5)
         [(carrier, routing_id)] = ingest.held.connections()
         state = ingest.held.state(carrier, routing_id, "flooder", ingest._clock())
         assert state is not None
