@@ -173,7 +173,8 @@ level = "info"
     assert len(answers) == len(traffic)
     lost = [a for a in answers.values() if "no answer from the edge agent" in a.error_message]
     assert lost == []
-    assert Counter(answers[rid].status for rid in acked) == Counter({pb.STATUS_OK: len(acked)})
+    not_ok = [(answers[rid].status, answers[rid].error_message) for rid in acked if answers[rid].status != 1]
+    assert Counter(answers[rid].status for rid in acked) == Counter({pb.STATUS_OK: len(acked)}), not_ok
     assert dropped == 0  # no caller got a second answer for a request
     assert "edge_orphan_responses_total 0.0" in metrics
     # The fault was real: requests acked before the kill were still unanswered when it came, the
