@@ -277,8 +277,8 @@ class BudgetConfig(_Section):
     burst_decode_s: float = Field(default=0.5, gt=0)
     max_agents: int = Field(default=4096, ge=1)  # agents tracked; the least recently seen go first
     # Frames a carrier reads per second from connections held for ignoring their retry-after (beyond a
-    # burst of 32): past it the carrier's reader pauses. 0: read them as fast as they come. Every other
-    # connection is read in turn with them, so during an attack each is read at least this often.
+    # burst of 32): past it the carrier's reader pauses. 0: read them as fast as they come. A ROUTER reads
+    # its connections in turn, so during an attack every other one is read about as often as the held one.
     held_reads_per_s: float = Field(default=5000.0, ge=0)
 
     @field_validator("held_reads_per_s")
