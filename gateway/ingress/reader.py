@@ -92,7 +92,7 @@ class EdgeReader:
 
     def schedule(self) -> None:
         """Drain once more this tick: after a send, or a ZMQEVENTS read, which may consume the edge."""
-        if not self._scheduled and self._paused is None and self._loop is not None and self.reading:
+        if not self._scheduled and self._loop is not None and self.reading:
             self._loop.call_soon(self._read)
             self._scheduled = True  # after call_soon: a closed loop's raise leaves no edge muted
 
@@ -118,15 +118,14 @@ class EdgeReader:
         self.waiting_now()
 
     def _readable(self) -> None:
-        """The FD fired: drain now, unless a drain is queued already or reading is paused (either reads
-        what this edge announced)."""
-        if not self._scheduled and self._paused is None:
+        """The FD fired: drain now, unless a drain is queued already (it reads what this edge announced)."""
+        if not self._scheduled:
             self._read()
 
     def _read(self) -> None:
         self._scheduled = False
         if not self.reading or self._paused is not None:
-            return
+            return  # paused: the pause's end drains (what waits, whatever edges fired meanwhile)
         sock = self._sock
         until = time.monotonic() + READ_BUDGET_S
         for _ in range(self._max):
