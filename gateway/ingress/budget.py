@@ -237,8 +237,8 @@ class HeldConnections:
 
     def state(self, carrier: str, routing_id: bytes, agent_id: str, now: float) -> tuple[float, str] | None:
         """(the hold's end, its budget's agent) for a request batch naming ``agent_id`` on this connection, if
-        it is held (``now`` before the end) or lapsed (after it, within :data:`LAPSED_KEEP_S`); None
-        otherwise. A hold lapsed longer than that is forgotten."""
+        it is held (``now`` before the end: the batch is refused) or lapsed (after it, within
+        :data:`LAPSED_KEEP_S`); None otherwise. A hold lapsed longer than that is forgotten."""
         held = self._held.get((carrier, routing_id))
         if held is None or agent_id != held[0]:
             return None
@@ -246,11 +246,6 @@ class HeldConnections:
             del self._held[(carrier, routing_id)]
             return None
         return held[2], held[1]
-
-    def holds(self, carrier: str, routing_id: bytes, agent_id: str, now: float) -> bool:
-        """Whether a request batch naming ``agent_id`` on this connection is refused now."""
-        state = self.state(carrier, routing_id, agent_id, now)
-        return state is not None and now < state[0]
 
     def release(self, carrier: str, routing_id: bytes) -> None:
         """Forget the connection's hold, if any."""
