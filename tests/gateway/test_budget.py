@@ -5,9 +5,11 @@ frames before decompression while another agent is served."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import math
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from hypothesis import strategies as st
 from edge_agent.synthetic import SyntheticTraffic
 from edgewire import FrameCodec, new_id, now_unix_us, pb
 from gateway.config import BudgetConfig, ConfigError, load_config
+from gateway.ingest import Ingest
 from gateway.ingress.budget import (
     CONTROL_FREE_BYTES,
     LAPSED_KEEP_S,
@@ -322,15 +325,24 @@ def rejected(gw: Gateway, carrier: str, label: str) -> float:
     return gw.metrics.registry.get_sample_value("hkgw_frames_rejected_total", labels_) or 0.0
 
 
-async def flood_past_the_told(gw: Gateway, agent: WireClient, past: int) -> None:
-    """``agent`` (on hgc, as "flooder") sends two bombs of 4 MiB a burst of 8 MiB admits, then
-    TOLD_PER_HOLD + ``past`` more, and waits until all of those are refused over_budget and a Ping after
-    them is answered (every refusal's Ack came first)."""
-    for _ in range(2 + TOLD_PER_HOLD + past):
-        await agent.send_raw(bomb(4 * MIB, "flooder"))
-    refused = TOLD_PER_HOLD + past
-    await wait_for(lambda: rejected(gw, "hgc", "over_budget") == refused, what="the flood refused")
-    await agent.ping()
+@contextlib.asynccontextmanager
+async def held_flooder(
+    models_dir: Path, budget: dict[str, Any], past: int
+) -> AsyncIterator[tuple[Gateway, Ingest, WireClient]]:
+    """A gateway with this ``[budget]`` and an agent "flooder" on hgc that has sent two bombs of 4 MiB a
+    burst of 8 MiB admits, then TOLD_PER_HOLD + ``past`` more, all of those refused over_budget and a Ping
+    after them answered (every refusal's Ack came first): its connection is held."""
+    async with (
+        run_gateway(models_dir=models_dir, budget=budget) as gw,
+        WireClient(gw.endpoint("hgc"), agent_id="flooder") as agent,
+    ):
+        assert gw.ingest is not None
+        for _ in range(2 + TOLD_PER_HOLD + past):
+            await agent.send_raw(bomb(4 * MIB, "flooder"))
+        refused = TOLD_PER_HOLD + past
+        await wait_for(lambda: rejected(gw, "hgc", "over_budget") == refused, what="the flood refused")
+        await agent.ping()
+        yield gw, gw.ingest, agent
 
 
 # 8 MiB of burst for bombs of 4 MiB, each costing its size; the refill (64 KiB/s) gives a third one only
@@ -374,14 +386,8 @@ async def test_an_agent_flooding_past_its_told_refusals_is_held_until_the_hold_e
     request = synthetic(1, seed=92)
     # At 1 MiB/s a refused 4 MiB frame waits ~4 s: the hold outlasts the flood on a slow machine too.
     budget = {"bytes_per_s": 1 * MIB, "burst_bytes": 8 * MIB, "large_frame_bytes": 4 * MIB}
-    async with (
-        run_gateway(models_dir=models_dir, budget=budget) as gw,
-        WireClient(gw.endpoint("hgc"), agent_id="flooder") as agent,
-    ):
-        ingest = gw.ingest
-        assert ingest is not None
+    async with held_flooder(models_dir, budget, 10) as (gw, ingest, agent):
         refused = TOLD_PER_HOLD + 10
-        await flood_past_the_told(gw, agent, 10)
         told = [a for a in agent.acks.values() if a.frame_reject == pb.REJECT_REASON_OVER_BUDGET]
         assert len(told) == TOLD_PER_HOLD
         ends = ingest.budgets.hold_ends("flooder")
@@ -420,13 +426,12 @@ def test_a_hold_refuses_only_its_agent_on_its_connection_until_it_ends() -> None
     all at once."""
     held = HeldConnections()
     held.hold("hgc", b"\x01", "flooder", 10.0)
-    assert held.holds("hgc", b"\x01", "flooder", 9.9)
-    assert not held.holds("hgc", b"\x01", "other", 9.9)  # another agent's envelope on it: the whole path
-    assert not held.holds("pccw", b"\x01", "flooder", 9.9)  # the same routing id on another carrier
-    assert not held.holds("hgc", b"\x02", "flooder", 9.9)
+    assert held.state("hgc", b"\x01", "flooder", 9.9) == (10.0, "flooder")  # held: before its end
+    assert held.state("hgc", b"\x01", "other", 9.9) is None  # another agent's envelope on it: the whole path
+    assert held.state("pccw", b"\x01", "flooder", 9.9) is None  # the same routing id on another carrier
+    assert held.state("hgc", b"\x02", "flooder", 9.9) is None
     assert len(held) == 1
-    assert not held.holds("hgc", b"\x01", "flooder", 10.0)  # ended: lapsed, remembered a while
-    assert held.state("hgc", b"\x01", "flooder", 10.0) == (10.0, "flooder")
+    assert held.state("hgc", b"\x01", "flooder", 10.0) == (10.0, "flooder")  # ended: lapsed, remembered
     assert held.state("hgc", b"\x01", "other", 10.0) is None
     assert held.state("hgc", b"\x01", "flooder", 10.0 + LAPSED_KEEP_S) is None  # then forgotten
     assert len(held) == 0

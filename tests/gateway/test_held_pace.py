@@ -16,10 +16,11 @@ import zmq
 from edgewire import pb
 from gateway.config import BudgetConfig, ConfigError, load_config
 from gateway.ingress.budget import HELD_READS_BURST, MAX_HELD_PAUSE_S, TOLD_PER_HOLD, HeldReadPace
+from gateway.ingress.parts import waiting
 from gateway.ingress.reader import EdgeReader
 from gateway.testing import WireClient, fresh_requests, run_gateway, wait_for
 from tests.gateway.daemon.test_serving import synthetic
-from tests.gateway.test_budget import MIB, bomb, flood_past_the_told, rejected
+from tests.gateway.test_budget import MIB, bomb, held_flooder, rejected
 
 # ------------------------------------------------------------------------------------------ the bucket
 
@@ -91,51 +92,51 @@ def router_and_dealer() -> Iterator[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]]
 
 
 async def test_a_paused_reader_reads_nothing_until_the_pause_ends_then_everything_waiting() -> None:
-    """A real ROUTER on loopback: the handler pauses the reader at the third message; the burst stops there,
-    nothing is delivered during the pause (messages sent meanwhile wait, their edges ignored), and when it
-    ends the reader drains every message, those sent during the pause included."""
-    delivered: list[tuple[bytes, float]] = []
+    """A real ROUTER on loopback: the handler pauses the reader at the third message; the burst stops there.
+    While paused, messages that wait in ZeroMQ are not read, neither on their edges nor when a drain is
+    asked for; when the pause ends the reader drains every one of them, in order."""
+    delivered: list[bytes] = []
     reader: EdgeReader
 
     def deliver(frames: list[zmq.Frame]) -> None:
-        delivered.append((frames[1].bytes, time.monotonic()))
+        delivered.append(frames[1].bytes)
         if len(delivered) == 3:
-            reader.pause(0.3)
+            reader.pause(2.0)  # outlasts the checks below, which wait on events, not on time
 
     with router_and_dealer() as (router, dealer):
         reader = EdgeReader(router, deliver, lambda exc: None, max_messages=64)
         try:
-            for n in range(10):
-                dealer.send(b"%d" % n)
-            await asyncio.sleep(0.05)  # all ten with ZeroMQ before the reader starts: one burst takes them
             reader.start()
-            await asyncio.sleep(0.1)
-            assert [m for m, _ in delivered] == [b"0", b"1", b"2"]
-            assert reader.paused
-            for n in range(10, 15):
+            for n in range(15):
                 dealer.send(b"%d" % n)
-            await asyncio.sleep(0.05)
+            await wait_for(lambda: len(delivered) == 3, what="three read, then the pause")
+            await wait_for(lambda: waiting(router), what="the rest waiting in ZeroMQ")
             reader.schedule()  # what a send on the socket asks: not while paused
-            await asyncio.sleep(0)
-            assert len(delivered) == 3
-            await wait_for(lambda: len(delivered) == 15, timeout_s=5, what="the rest read after the pause")
-            assert [m for m, _ in delivered] == [b"%d" % n for n in range(15)]
-            assert delivered[3][1] - delivered[2][1] >= 0.29
+            await asyncio.sleep(0)  # one loop turn: a drain asked for would run in it
+            assert reader.paused and delivered == [b"0", b"1", b"2"]
+            await wait_for(lambda: len(delivered) == 15, timeout_s=10, what="the rest read after the pause")
+            assert delivered == [b"%d" % n for n in range(15)]
             assert not reader.paused
         finally:
             reader.stop()
 
 
 async def test_a_reader_stopped_during_a_pause_does_not_resume() -> None:
+    """stop() during a pause cancels it: once the pause would have ended, a message waiting is not read."""
     delivered: list[bytes] = []
     with router_and_dealer() as (router, dealer):
         reader = EdgeReader(router, lambda frames: delivered.append(frames[1].bytes), lambda exc: None, 64)
         reader.start()
         reader.pause(0.05)
-        dealer.send(b"late")
+        would_resume = time.monotonic() + 0.05
         reader.stop()
-        await asyncio.sleep(0.2)
-        assert delivered == [] and not reader.paused
+        assert not reader.paused
+        dealer.send(b"late")
+        await wait_for(lambda: waiting(router), what="the message waiting in ZeroMQ")
+        # The pause's end is a time: waited for as a condition on the clock the loop's timers read.
+        await wait_for(lambda: time.monotonic() > would_resume, what="the pause's end")
+        await asyncio.sleep(0)  # one loop turn: a resume due now would run in it
+        assert delivered == []
 
 
 # ------------------------------------------------------------------------------------------ a gateway
@@ -208,13 +209,7 @@ async def test_a_lapsed_hold_is_taken_up_again_by_a_frame_the_budget_refuses(mod
     # 4 MiB/s: a refused 4 MiB bomb waits ~1 s; a 16 MiB one costs more than the bucket, so it waits for a
     # full one (8 MiB, ~2 s from empty).
     budget = {"bytes_per_s": 4 * MIB, "burst_bytes": 8 * MIB, "large_frame_bytes": 4 * MIB}
-    async with (
-        run_gateway(models_dir=models_dir, budget=budget) as gw,
-        WireClient(gw.endpoint("hgc"), agent_id="flooder") as agent,
-    ):
-        ingest = gw.ingest
-        assert ingest is not None
-        await flood_past_the_told(gw, agent, 5)
+    async with held_flooder(models_dir, budget, 5) as (gw, ingest, agent):
         [(carrier, routing_id)] = ingest.held.connections()
         state = ingest.held.state(carrier, routing_id, "flooder", ingest._clock())
         assert state is not None
