@@ -128,14 +128,14 @@ async def test_a_reader_stopped_during_a_pause_does_not_resume() -> None:
         reader = EdgeReader(router, lambda frames: delivered.append(frames[1].bytes), lambda exc: None, 64)
         reader.start()
         reader.pause(0.05)
-        would_resume = time.monotonic() + 0.05
+        would_resume = time.monotonic() + 0.1  # well after the pause's end (the loop's timers count ms)
         reader.stop()
         assert not reader.paused
         dealer.send(b"late")
         await wait_for(lambda: waiting(router), what="the message waiting in ZeroMQ")
         # The pause's end is a time: waited for as a condition on the clock the loop's timers read.
-        await wait_for(lambda: time.monotonic() > would_resume, what="the pause's end")
-        await asyncio.sleep(0)  # one loop turn: a resume due now would run in it
+        await wait_for(lambda: time.monotonic() > would_resume, what="past the pause's end")
+        await asyncio.sleep(0)  # one loop turn more
         assert delivered == []
 
 
