@@ -39,11 +39,21 @@ from pathlib import Path
 import zmq
 import zstandard as zstd
 
-from bench.gateway_bench import GATEWAY_TOML, TICKS, Peer, Tracker, open_loop_drive, pools_toml, workload
+from bench.gateway_bench import (
+    GATEWAY_TOML,
+    TICKS,
+    Peer,
+    Tracker,
+    cpu_seconds,
+    open_loop_drive,
+    pools_toml,
+    workload,
+)
 from bench.netns import reexec_in_namespace
 from bench.report import machine, stamp, table, update_section
 from edgewire import FrameCodec, new_id, now_unix_us, pb
 from gateway.config import BudgetConfig
+from gateway.shards.placement import shard_of
 
 WAIT_S = 10.0  # the longest a victim request is waited for after the phase
 
@@ -131,9 +141,12 @@ def budget_label(budget_enabled: bool, held_reads_per_s: float | None) -> str:
     return f"held_reads_per_s = {held_reads_per_s:g}"
 
 
-def start_gateway(workdir: Path, budget_enabled: bool, held_reads_per_s: float | None = None) -> Peer:
+def start_gateway(
+    workdir: Path, budget_enabled: bool, held_reads_per_s: float | None = None, shards: int = 1
+) -> Peer:
     """A gateway with the null backend and the bench pools (bench/gateway_bench.py's), one carrier;
-    ``held_reads_per_s``: the budget's pace of held connections' frames (None: its default)."""
+    ``held_reads_per_s``: the budget's pace of held connections' frames (None: its default); ``shards``:
+    the config's top-level ``shards`` (as ``HKGW_SHARDS``: more than 1 is a front and its shards)."""
     models = workdir / "models"
     if not models.exists():
         from inference.models.demo import write_demo_repository
@@ -147,10 +160,17 @@ def start_gateway(workdir: Path, budget_enabled: bool, held_reads_per_s: float |
     config = workdir / f"gateway-budget-{budget_enabled}-{held_reads_per_s}.toml"
     config.write_text(toml)
     return Peer(
-        f"hk-gateway (budget {budget_label(budget_enabled, held_reads_per_s)})",
+        f"hk-gateway (budget {budget_label(budget_enabled, held_reads_per_s)}, shards {shards})",
         [sys.executable, "-m", "gateway", "--config", str(config)],
         ready="stderr",
+        env={"HKGW_SHARDS": str(shards)},
     )
+
+
+def gateway_cpu_s(pid: int, shards: int) -> float:
+    """The CPU seconds the gauge counts: the single process's event-loop thread; with shards, the whole
+    process tree (the front's relay thread reads every frame, the shards refuse them)."""
+    return loop_cpu_s(pid) if shards <= 1 else cpu_seconds(pid)[0]
 
 
 def loop_cpu_s(pid: int) -> float:
@@ -231,7 +251,7 @@ def run_pair(
     """On a fresh gateway: the victim unattacked, then attacked at ``attack_rate`` (0: full rate) by an
     attacker at ``nice``."""
     requests = workload(500, seed=5)
-    peer = start_gateway(work, budget_enabled, held_reads_per_s)
+    peer = start_gateway(work, budget_enabled, held_reads_per_s, args.shards)
     phases = []
     try:
         label = budget_label(budget_enabled, held_reads_per_s)
@@ -257,13 +277,13 @@ def run_pair(
                 proc.start()
                 time.sleep(1.0)  # the flood under way (and the burst spent) before the victim is measured
             cpu_before, ticks_before, started = (
-                loop_cpu_s(peer.proc.pid),
+                gateway_cpu_s(peer.proc.pid, args.shards),
                 machine_ticks(),
                 time.perf_counter(),
             )
             total, lat, gateway_s = victim_phase(peer, requests, args.rate, args.seconds)
             elapsed = time.perf_counter() - started
-            loop_cpu = (loop_cpu_s(peer.proc.pid) - cpu_before) / elapsed
+            loop_cpu = (gateway_cpu_s(peer.proc.pid, args.shards) - cpu_before) / elapsed
             ticks_after = machine_ticks()
             busy = (ticks_after[0] - ticks_before[0]) / max(1, ticks_after[1] - ticks_before[1])
             stop.set()
@@ -373,7 +393,9 @@ def render(pairs: list[tuple[Phase, Phase]], args: argparse.Namespace) -> str:
         "bombs sent",
         "decompressed",
         "refused `over_budget`",
-        "gateway loop CPU s/s, unattacked / attacked",
+        "gateway loop CPU s/s, unattacked / attacked"
+        if args.shards <= 1
+        else "gateway process tree CPU s/s, unattacked / attacked",
         "machine busy, unattacked / attacked",
     ]
     rates = ",".join(f"{r:g}" for r in args.attack_rates)
@@ -381,8 +403,15 @@ def render(pairs: list[tuple[Phase, Phase]], args: argparse.Namespace) -> str:
     extra = "" if args.budgets == ["on", "off"] else f" --budgets {','.join(args.budgets)}"
     if args.held_reads_per_s:
         extra += f" --held-reads-per-s {','.join(f'{x:g}' for x in args.held_reads_per_s)}"
+    title = "## Per-agent cost budget under a decompression-bomb flood (issue 24 item 4)"
+    if args.shards > 1:
+        extra += f" --shards {args.shards}"
+        title = (
+            f"## Per-agent cost budget under a decompression-bomb flood, {args.shards} shards behind a front "
+            "(issue 24 item 4)"
+        )
     return (
-        "## Per-agent cost budget under a decompression-bomb flood (issue 24 item 4)\n\n"
+        f"{title}\n\n"
         f"Command: `python -m bench.budget_attack --seconds {args.seconds:g} --rate {args.rate:g} "
         f"--attack-rates {rates} --attacker-nice {nices}{extra} --repeat {args.repeat} --write`  \n"
         f"Measured {stamp()} on {machine()}.\n\n"
@@ -416,6 +445,23 @@ def render(pairs: list[tuple[Phase, Phase]], args: argparse.Namespace) -> str:
         "gateway/ingress/budget.py HeldReadPace), the rest waiting in ZeroMQ and the attacker's sends "
         "stopping at its high-water mark. `held_reads_per_s = 0` reads them as fast as they come: a frame's "
         "envelope must be read to know whose it is, so the flood then takes the loop."
+        + shards_note(args.shards)
+    )
+
+
+def shards_note(shards: int) -> str:
+    """What differs with shards: where the flood is read and refused, and what the CPU column counts."""
+    if shards <= 1:
+        return ""
+    placed = {name: shard_of(name, shards) for name in ("victim", "attacker")}
+    return (
+        f"\n\nWith {shards} shards (`HKGW_SHARDS={shards}`) `python -m gateway` is the front: its relay "
+        "thread reads the carrier's ROUTER and passes each frame to its agent's shard "
+        f"(here the victim's is shard {placed['victim']}, the attacker's shard {placed['attacker']}), "
+        "where the budget refuses it and holds its connection; a shard tells the front of each hold, and "
+        "the front then refuses the held connection's frames itself, reading them at `held_reads_per_s` "
+        "(gateway/shards/front.py). 'gateway process tree CPU': the front, the shards and their workers "
+        "together, per second of the phase."
     )
 
 
@@ -447,6 +493,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="with the budget on, each of these [budget] held_reads_per_s in turn (default: its default)",
     )
+    parser.add_argument(
+        "--shards",
+        type=int,
+        default=1,
+        help="the gateway's shards (more than 1: a front and its shards; written to its own section)",
+    )
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--declared-mib", type=int, default=32)
     parser.add_argument("--max-frames", type=int, default=2_000_000)
@@ -474,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     report = render(pairs, args)
     print(json.dumps([[asdict(b), asdict(a)] for b, a in pairs], indent=2) if args.json else report)
     if args.write:
-        update_section("budget", report)
+        update_section("budget" if args.shards <= 1 else "budget-shards", report)
     return 0
 
 

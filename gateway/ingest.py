@@ -320,6 +320,8 @@ class Ingest:
             elif self._capture is None or not self._capture.active():  # capture sees every frame whole
                 ends = self.budgets.hold_ends(agent_id)
                 self.held.hold(carrier.name, routing_id, envelope.agent_id, ends, agent_id)
+                if ends > now:
+                    carrier.hold(routing_id, envelope.agent_id, ends - now)
         return False
 
     # ------------------------------------------------------------------ held connections
@@ -344,7 +346,11 @@ class Ingest:
             wait_s = self.budgets.admit(owner, inflated, now)
             if wait_s is None:
                 return False
-            self.held.hold(carrier.name, routing_id, envelope.agent_id, now + wait_s, owner)
+            ends = now + wait_s
+            self.held.hold(carrier.name, routing_id, envelope.agent_id, ends, owner)
+        # In a shard, a held frame reaching it means the front does not hold the connection (yet, or any
+        # more: a reload or capture there forgot it): told again, it refuses the rest itself.
+        carrier.hold(routing_id, envelope.agent_id, ends - now)
         self._reject(carrier, routing_id, b"", OVER_BUDGET, answer=False)  # counted and logged as the others
         self._pace_held(carrier, now)
         return True
@@ -355,8 +361,7 @@ class Ingest:
         reader for them would hold every other connection's frames back while the backlog is worked off (a
         victim's p99 500 ms behind a full-rate flood at 1,000 a second, bench/budget_attack.py)."""
         pause_s = self._held_pace.take(carrier.name, now)
-        if pause_s > 0:
-            carrier.pause_reading(pause_s)
+        if pause_s > 0 and carrier.pause_reading(pause_s):  # in a shard the front paces (shards/holds.py)
             self._metrics.tally.inc(self._metrics.read_pauses, (carrier.name,))
 
     def release_holds(self) -> None:

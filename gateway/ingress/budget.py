@@ -247,6 +247,11 @@ class HeldConnections:
             return None
         return held[2], held[1]
 
+    def remembers(self, carrier: str, routing_id: bytes) -> bool:
+        """Whether the connection is remembered, held or lapsed (for any agent): one look-up, before the
+        envelope is read for :meth:`state`."""
+        return (carrier, routing_id) in self._held
+
     def release(self, carrier: str, routing_id: bytes) -> None:
         """Forget the connection's hold, if any."""
         self._held.pop((carrier, routing_id), None)

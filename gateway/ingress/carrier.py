@@ -81,9 +81,16 @@ class Carrier(Protocol):
         is served at once only when none does (gateway/ingest.py)."""
         ...
 
-    def pause_reading(self, seconds: float) -> None:
+    def pause_reading(self, seconds: float) -> bool:
         """Read nothing for ``seconds``: a held connection's frames paced (gateway/ingress/budget.py
-        HeldReadPace). Where this process does not read the ROUTER itself, nothing."""
+        HeldReadPace). Where this process does not read the ROUTER itself, nothing (False)."""
+        ...
+
+    def hold(self, routing_id: bytes, agent_id: str, seconds: float) -> None:
+        """The ingest holds this connection for ``seconds`` for frames naming ``agent_id``
+        (HeldConnections). Where this process reads the ROUTER, nothing more (the ingest refuses them and
+        paces this carrier's reading itself); in a shard, the front is told, which then does both
+        (gateway/shards/holds.py)."""
         ...
 
     def stalled(self, now: float, stall_s: float) -> bool: ...
@@ -243,9 +250,14 @@ class CarrierIngress:
     def more_waiting(self) -> bool:
         return self._reader is not None and self._reader.waiting_now()
 
-    def pause_reading(self, seconds: float) -> None:
-        if self._reader is not None:
-            self._reader.pause(seconds)
+    def pause_reading(self, seconds: float) -> bool:
+        if self._reader is None:
+            return False
+        self._reader.pause(seconds)
+        return True
+
+    def hold(self, routing_id: bytes, agent_id: str, seconds: float) -> None:
+        return None  # the ingest that reads this ROUTER holds the connection itself
 
     def stalled(self, now: float, stall_s: float) -> bool:
         """True when input is waiting but nothing was read for ``stall_s``: the carrier passes no traffic."""

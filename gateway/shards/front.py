@@ -51,6 +51,7 @@ from gateway.ops.health import CarrierHealth, HealthSnapshot
 from gateway.ops.http import HealthServer, admin_token_of
 from gateway.ops.metrics import NS, GatewayMetrics
 from gateway.ops.notify import SystemdNotifier, watchdog
+from gateway.shards.holds import FrontHolds
 from gateway.shards.link import (
     COMMAND,
     FRAME,
@@ -141,6 +142,13 @@ class Front:
         self._link: zmq.Socket[bytes] | None = None
         self._link_reader: EdgeReader | None = None  # until the carriers are bound; then the relay's
         self._relay: Relay | None = None
+        # Connections the shards' budgets hold: their request batches refused here, their reading paced.
+        self.holds = FrontHolds(
+            [c.name for c in config.carriers],
+            config.budget.held_reads_per_s,
+            self.metrics,
+            config.limits.max_header_bytes,
+        )
         self._run_dir: str | None = None
         self.http: HealthServer | None = None
         health = config.health
@@ -254,6 +262,7 @@ class Front:
             self.metrics,
             self._loop,
             self.config.zmq.max_messages_per_wakeup,
+            self.holds,
         )
         self._relay.start()
 
@@ -518,6 +527,8 @@ class Front:
         if self._loop is None:
             return 0.0
         seconds = min(seconds, self.config.capture.max_enable_s)
+        if seconds > 0:
+            self.holds.clear()  # a capture sees every frame whole (the shards release theirs too)
         self._loop.call_soon_threadsafe(self._broadcast, {"capture_s": seconds})
         return 0.0 if seconds <= 0 else time.time() + seconds
 
@@ -546,6 +557,7 @@ class Front:
             log.warning("shards changes at the next restart", running=self.count, configured=fresh.shards)
         if self._auth is not None and agents is not None:
             self._auth.replace(agents)
+        self.holds.clear()  # a revoked or remapped key's frames meet the identity checks again, in a shard
         logging_changed = self._logging.apply(fresh.logging)
         for shard in self._shards:
             shard.process.signal(signal.SIGHUP)

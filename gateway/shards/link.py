@@ -17,6 +17,9 @@ shard -> front:
 - ``S``: ``[tag, JSON]``, the shard's status (ready, tiers, draining, pid), every health interval: the
   front's sign that the shard is alive.
 - ``M``: ``[tag, scrape id, exposition text]``.
+- ``H`` + carrier index: ``[tag, agent routing id, the envelope's agent id, seconds]``, the shard's budget
+  holds this connection for that long (gateway/ingress/budget.py HeldConnections): the front refuses its
+  request batches naming that agent itself and paces its reading (gateway/shards/holds.py).
 
 The shard side is here (:class:`ShardLink`, and a :class:`LinkedCarrier` per carrier that the shard's
 ingest and replies use as they would a ROUTER of their own); the front side is gateway/shards/front.py.
@@ -41,7 +44,7 @@ from gateway.ops.metrics import GatewayMetrics
 
 log = structlog.get_logger("gateway.shards")
 
-FRAME, REPLY, STATUS, METRICS, QUERY, COMMAND = b"F", b"R", b"S", b"M", b"Q", b"C"
+FRAME, REPLY, STATUS, METRICS, QUERY, COMMAND, HOLD = b"F", b"R", b"S", b"M", b"Q", b"C", b"H"
 LINK_HWM = 100_000
 """Messages queued on the link each way: above a carrier's HWM, so the link is never what drops first."""
 
@@ -78,6 +81,7 @@ class LinkedCarrier:
         self.index = index
         self._link = link
         self._reply_tag = tag(REPLY, index)
+        self._hold_tag = tag(HOLD, index)
 
     @property
     def endpoint(self) -> str:
@@ -98,9 +102,15 @@ class LinkedCarrier:
     def more_waiting(self) -> bool:
         return self._link.more_waiting()
 
-    def pause_reading(self, seconds: float) -> None:
+    def pause_reading(self, seconds: float) -> bool:
         """Nothing: the front reads the carrier's ROUTER, and the link carries every agent's frames (pausing
-        it would hold them all)."""
+        it would hold them all). The front paces a held connection's frames itself (:meth:`hold`)."""
+        return False
+
+    def hold(self, routing_id: bytes, agent_id: str, seconds: float) -> None:
+        """Tell the front: it refuses this connection's request batches naming ``agent_id`` for ``seconds``
+        and paces its reading of them (gateway/shards/holds.py)."""
+        self._link.send([self._hold_tag, routing_id, agent_id.encode(), repr(seconds).encode()])
 
     def stalled(self, now: float, stall_s: float) -> bool:
         return False  # the front judges its carriers; a shard that stops reading stops reporting status

@@ -13,6 +13,10 @@ This thread is the only one that receives or sends on those sockets once they ar
 admin commands) through :meth:`Relay.to_shard`, which queues on an inproc PAIR this thread reads, and gets
 what a shard says to the front itself (status, metrics) through ``call_soon_threadsafe``. The decisions
 (which shard an agent's frame goes to, what a reply's head means) are the front's, given as callables.
+
+Held connections (gateway/shards/holds.py): a shard's ``H`` message is taken here, and a held connection's
+request batch is refused here before it is routed; its carrier's ROUTER is then not polled for the pause
+the pace asks (at most a millisecond), while the other carriers and the link are.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import asyncio
 import contextlib
 import errno
 import itertools
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -32,7 +37,8 @@ import zmq
 from gateway.ingress.carrier import CarrierIngress, SendResult, send_to_peer
 from gateway.ingress.parts import recv_parts, send_parts, waiting
 from gateway.ops.metrics import GatewayMetrics
-from gateway.shards.link import REPLY
+from gateway.shards.holds import FrontHolds
+from gateway.shards.link import HOLD, REPLY
 
 log = structlog.get_logger("gateway.front")
 
@@ -67,6 +73,7 @@ class Relay:
         metrics: GatewayMetrics,
         loop: asyncio.AbstractEventLoop,
         max_messages: int,
+        holds: FrontHolds | None = None,
     ) -> None:
         self._ctx = context
         self._link = link
@@ -77,6 +84,9 @@ class Relay:
         self._metrics = metrics
         self._loop = loop
         self._max = max_messages
+        self._holds = holds
+        self._poller: zmq.Poller | None = None
+        self._paused: dict[zmq.Socket[bytes], float] = {}  # a carrier's socket -> when it is read again
         self._socks: list[zmq.Socket[bytes]] = []
         self._endpoint = f"inproc://hkgw-relay-{next(_ids)}"
         self._wake_in: zmq.Socket[bytes] | None = None  # the loop's end
@@ -143,7 +153,7 @@ class Relay:
 
     def _serve(self) -> None:
         assert self._wake_out is not None
-        poller = zmq.Poller()
+        self._poller = poller = zmq.Poller()
         handlers: dict[zmq.Socket[bytes], Callable[[list[zmq.Frame]], None]] = {}
         for carrier, sock in zip(self._carriers, self._socks, strict=True):
             handlers[sock] = self._from_carrier(carrier, sock)
@@ -152,26 +162,55 @@ class Relay:
         for sock in handlers:
             poller.register(sock, zmq.POLLIN)
         limit = self._max
+        paused = self._paused
         while not self._stopping:
-            ready = poller.poll(POLL_MS)
+            ready = poller.poll(self._resume_paused() if paused else POLL_MS)
             self.cycle_at = time.monotonic()
             for sock, _ in ready:
                 handle = handlers[sock]
                 for _ in range(limit):
                     # Asking is cheaper than the exception an empty receive raises (zmq.Again).
-                    if not waiting(sock):
+                    if sock in paused or not waiting(sock):
                         break
                     handle(recv_parts(sock))
         self._read_link_dry()
+
+    def _pause(self, sock: zmq.Socket[bytes], seconds: float) -> None:
+        """Read nothing more of a carrier's socket for ``seconds`` (a held connection's frames paced)."""
+        if sock in self._paused or self._poller is None:
+            return
+        self._paused[sock] = time.monotonic() + seconds
+        self._poller.unregister(sock)
+
+    def _resume_paused(self) -> int:
+        """Poll the sockets whose pause has ended again; how long the next poll may wait, in ms (until the
+        next pause ends, rounded up: zmq_poll counts milliseconds)."""
+        assert self._poller is not None
+        now = time.monotonic()
+        wait_ms = POLL_MS
+        for sock, until in list(self._paused.items()):
+            if until <= now:
+                del self._paused[sock]
+                self._poller.register(sock, zmq.POLLIN)
+            else:
+                wait_ms = min(wait_ms, max(1, math.ceil((until - now) * 1000)))
+        return wait_ms
 
     def _from_carrier(
         self, carrier: CarrierIngress, sock: zmq.Socket[bytes]
     ) -> Callable[[list[zmq.Frame]], None]:
         route, link, dropped, errors = self._route, self._link, self._dropped, self._metrics.ingest_errors
+        holds = self._holds
 
         def deliver(frames: list[zmq.Frame]) -> None:
             carrier.last_recv = time.monotonic()
             carrier.messages += 1
+            if holds:  # some connection is held (FrontHolds is falsy when none is)
+                pause_s = holds.refused(carrier.name, frames)
+                if pause_s is not None:
+                    if pause_s > 0:
+                        self._pause(sock, pause_s)
+                    return
             try:
                 parts = route(carrier, frames)
             except Exception:  # a bug in handling one frame must not stop the traffic
@@ -199,6 +238,10 @@ class Relay:
                 result = send_to_peer(self._socks[head[1]], frames[2].bytes, frames[3:])
                 if result != SendResult.SENT:
                     self._dropped(f"reply_{result}")
+                return
+            if head[:1] == HOLD and self._holds is not None:
+                if not self._holds.hold(frames[1:]):
+                    log.error("malformed hold on the link", parts=len(frames), head=head[:8].hex())
                 return
         with contextlib.suppress(RuntimeError):  # a closed loop: the front is gone, and what it was told
             self._loop.call_soon_threadsafe(self._to_front, frames)

@@ -38,7 +38,10 @@ class RecordingCarrier:
     def more_waiting(self) -> bool:
         return False
 
-    def pause_reading(self, seconds: float) -> None:
+    def pause_reading(self, seconds: float) -> bool:
+        return False
+
+    def hold(self, routing_id: bytes, agent_id: str, seconds: float) -> None:
         pass
 
     def peer_property(self, header: zmq.Frame, name: str) -> str:

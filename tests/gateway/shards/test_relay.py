@@ -17,11 +17,14 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from edgewire import new_id, pb
 from gateway.config import CarrierConfig, LimitsConfig, ZmqConfig
+from gateway.ingress.budget import HELD_READS_BURST
 from gateway.ingress.carrier import CarrierIngress
 from gateway.ingress.parts import recv_parts, send_parts
 from gateway.ops.metrics import GatewayMetrics
-from gateway.shards.link import REPLY, STATUS, tag
+from gateway.shards.holds import FrontHolds
+from gateway.shards.link import HOLD, REPLY, STATUS, tag
 from gateway.shards.relay import Relay
 
 SHARD_ID = b"shard-0"
@@ -45,7 +48,9 @@ def _recv(sock: zmq.Socket[bytes]) -> list[bytes]:
 
 
 @asynccontextmanager
-async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+async def rig(tmp_path: Path, held_reads_per_s: float | None = None) -> AsyncIterator[Rig]:
+    """A relay over a real carrier and link; with ``held_reads_per_s``, the front's held connections
+    (FrontHolds) at that pace."""
     ctx = zmq.asyncio.Context()
     metrics = GatewayMetrics(models={})
     zcfg = ZmqConfig()
@@ -80,6 +85,9 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
             return [b"shard-9", tag(b"F", 0), *frames]  # a shard that is not connected
         return [SHARD_ID, tag(b"F", 0), *frames]
 
+    holds = None
+    if held_reads_per_s is not None:
+        holds = FrontHolds(["hgc"], held_reads_per_s, metrics, LimitsConfig().max_header_bytes)
     relay = Relay(
         ctx,
         link,
@@ -90,6 +98,7 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
         metrics,
         asyncio.get_running_loop(),
         max_messages=8,
+        holds=holds,
     )
     r = Rig(relay, carrier, agent, shard, metrics, to_front, dropped)
     relay.start()
@@ -180,3 +189,95 @@ async def test_a_dead_relay_stalls_its_carriers(tmp_path: Path, monkeypatch: pyt
         assert not r.carrier.receiving
         assert r.carrier.stalled(time.monotonic(), 1.0)
         assert not r.relay.to_shard([SHARD_ID, b"Q", b"2"])
+
+
+# ----------------------------------------------------------- held connections
+
+
+def batch_of(agent: str, kind: pb.MessageKind.ValueType = pb.MESSAGE_KIND_REQUEST_BATCH) -> list[bytes]:
+    envelope = pb.Envelope(schema_version=1, message_id=new_id(), agent_id=agent, kind=kind)
+    return [envelope.SerializeToString(), b"payload"]
+
+
+def envelope_agent(got: list[bytes]) -> tuple[str, int]:
+    """(agent id, kind) of an agent message as the shard receives it ([tag, routing id, envelope, ...])."""
+    envelope = pb.Envelope.FromString(got[2])
+    return envelope.agent_id, envelope.kind
+
+
+def over_budget(r: Rig) -> float:
+    value = r.metrics.registry.get_sample_value(
+        "hkgw_frames_rejected_total", {"carrier": "hgc", "reason": "over_budget"}
+    )
+    return value or 0.0
+
+
+async def test_a_connection_a_shard_holds_is_refused_and_paced_here_and_the_rest_reach_the_shard(
+    tmp_path: Path,
+) -> None:
+    """The shard holds agent-a's connection for "flooder" (its H message): agent-a's 100 request batches
+    naming flooder never reach the shard, refused here and counted, read at 200 a second past the burst
+    (pauses counted); its Ping and a batch naming another agent do reach it, and so does agent-b's batch
+    sent after the flood, long before the flood is read through (the ROUTER reads connections in turn)."""
+    flood = 100
+    async with rig(tmp_path, held_reads_per_s=200.0) as r:
+        other = zmq.Socket(r.agent.context, zmq.DEALER)
+        other.setsockopt(zmq.ROUTING_ID, b"agent-b")
+        other.connect(r.carrier.endpoint)
+        try:
+            send_parts(r.shard, [tag(HOLD, 0), b"agent-a", b"flooder", b"30"])
+            send_parts(r.shard, [STATUS, b"{}"])  # after the hold on the link: once it is here, so is that
+            await _until(lambda: bool(r.to_front))
+            for _ in range(flood):
+                r.agent.send_multipart(batch_of("flooder"))
+            r.agent.send_multipart(batch_of("flooder", pb.MESSAGE_KIND_PING))
+            r.agent.send_multipart(batch_of("someone-else"))
+            await _until(lambda: over_budget(r) >= HELD_READS_BURST)
+            other.send_multipart(batch_of("flooder"))
+            first = await asyncio.to_thread(_recv, r.shard)
+            refused_then = over_budget(r)
+            assert first[1] == b"agent-b" and envelope_agent(first) == (
+                "flooder",
+                pb.MESSAGE_KIND_REQUEST_BATCH,
+            )
+            assert refused_then < flood - 20, refused_then  # read between the held frames, not after them
+            rest = [await asyncio.to_thread(_recv, r.shard) for _ in range(2)]
+            assert [(g[1], envelope_agent(g)) for g in rest] == [
+                (b"agent-a", ("flooder", pb.MESSAGE_KIND_PING)),
+                (b"agent-a", ("someone-else", pb.MESSAGE_KIND_REQUEST_BATCH)),
+            ]
+            assert over_budget(r) == flood
+            pauses = r.metrics.registry.get_sample_value("hkgw_carrier_read_pauses_total", {"carrier": "hgc"})
+            assert pauses is not None and pauses >= flood - HELD_READS_BURST - 2
+            assert not r.shard.poll(50)  # nothing else came through
+        finally:
+            other.close(0)
+
+
+async def test_a_hold_that_ended_or_was_cleared_lets_the_frames_through(tmp_path: Path) -> None:
+    async with rig(tmp_path, held_reads_per_s=0.0) as r:
+        send_parts(r.shard, [tag(HOLD, 0), b"agent-a", b"flooder", b"0.2"])
+        send_parts(r.shard, [STATUS, b"{}"])
+        await _until(lambda: bool(r.to_front))
+        r.agent.send_multipart(batch_of("flooder"))
+        await _until(lambda: over_budget(r) == 1)
+        await asyncio.sleep(0.25)  # the hold's end
+        r.agent.send_multipart(batch_of("flooder"))
+        got = await asyncio.to_thread(_recv, r.shard)
+        assert envelope_agent(got) == ("flooder", pb.MESSAGE_KIND_REQUEST_BATCH)
+        r.to_front.clear()
+        send_parts(r.shard, [tag(HOLD, 0), b"agent-a", b"flooder", b"30"])
+        send_parts(r.shard, [STATUS, b"{}"])
+        await _until(lambda: bool(r.to_front))
+        r.agent.send_multipart(batch_of("flooder"))
+        await _until(lambda: over_budget(r) == 2)
+        assert r.relay._holds is not None
+        r.relay._holds.clear()  # as the front does at a reload or a capture
+        r.agent.send_multipart(batch_of("flooder"))
+        got = await asyncio.to_thread(_recv, r.shard)
+        assert envelope_agent(got) == ("flooder", pb.MESSAGE_KIND_REQUEST_BATCH)
+        assert over_budget(r) == 2
+        assert r.metrics.registry.get_sample_value("hkgw_carrier_read_pauses_total", {"carrier": "hgc"}) in (
+            None,
+            0.0,
+        )
