@@ -460,8 +460,8 @@ def shards_note(shards: int) -> str:
         f"(here the victim's is shard {placed['victim']}, the attacker's shard {placed['attacker']}), "
         "where the budget refuses it and holds its connection; a shard tells the front of each hold, and "
         "the front then refuses the held connection's frames itself, reading them at `held_reads_per_s` "
-        "(gateway/shards/front.py). 'gateway process tree CPU': the front, the shards and their workers "
-        "together, per second of the phase."
+        "(gateway/shards/holds.py). 'gateway process tree CPU' (in place of the loop's): the front, the "
+        "shards and their workers together, per second of the phase."
     )
 
 
