@@ -216,11 +216,11 @@ async def test_a_connection_a_shard_holds_is_refused_and_paced_here_and_the_rest
     tmp_path: Path,
 ) -> None:
     """The shard holds agent-a's connection for "flooder" (its H message): agent-a's 100 request batches
-    naming flooder never reach the shard, refused here and counted, read at 200 a second past the burst
+    naming flooder never reach the shard, refused here and counted, read at 100 a second past the burst
     (pauses counted); its Ping and a batch naming another agent do reach it, and so does agent-b's batch
     sent after the flood, long before the flood is read through (the ROUTER reads connections in turn)."""
     flood = 100
-    async with rig(tmp_path, held_reads_per_s=200.0) as r:
+    async with rig(tmp_path, held_reads_per_s=100.0) as r:
         other = zmq.Socket(r.agent.context, zmq.DEALER)
         other.setsockopt(zmq.ROUTING_ID, b"agent-b")
         other.connect(r.carrier.endpoint)
