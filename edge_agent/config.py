@@ -79,6 +79,9 @@ class BatchingConfig(_Section):
     linger_ms: float = Field(default=2.0, ge=0)
     max_records: int = Field(default=100, ge=1, le=1024)
     max_bytes: int = Field(default=1 << 20, ge=1024)
+    # a request frame serializing to at least this many bytes is compressed on a thread of the uplink's
+    # own, not the event loop (zstd lets go of the GIL); 0 = every frame on the loop
+    compress_off_loop_bytes: int = Field(default=64 << 10, ge=0)
 
 
 class UplinkConfig(_Section):

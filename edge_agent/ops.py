@@ -200,6 +200,11 @@ class AgentCollector:
             stats.sent_uncompressed,
         )
         yield _counter(
+            "uplink_frames_compressed_off_loop",
+            "Request frames encoded on the uplink's own thread (batching.compress_off_loop_bytes)",
+            stats.compressed_off_loop,
+        )
+        yield _counter(
             "uplink_requests_sent", "Requests sent to Hong Kong, resends included", stats.sent_requests
         )
         yield _gauge("inflight", "Requests sent to Hong Kong and not answered", uplink.inflight)

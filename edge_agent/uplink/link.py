@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 import zmq.asyncio
@@ -45,6 +48,7 @@ class UplinkStats:
 
     sent_frames: int = 0
     sent_uncompressed: int = 0  # of those, sent without zstd (it would have saved too little)
+    compressed_off_loop: int = 0  # request frames encoded on the uplink's thread (compress_off_loop_bytes)
     sent_requests: int = 0
     resent: Counter[str] = field(default_factory=Counter)  # reason -> requests resent
     duplicate_responses: int = 0  # a second answer to a request already answered
@@ -57,6 +61,20 @@ class UplinkStats:
     bad_frames: Counter[str] = field(default_factory=Counter)  # frames from Hong Kong not decoded, by reason
     window_full: int = 0  # times requests were queued and the send window had no room for them
     over_budget_holds: int = 0  # over_budget refusals: each held new frames to that gateway back a while
+
+
+@dataclass(slots=True)
+class UnsentFrame:
+    """A request frame taken from the queue whose payload is large enough to be compressed off the event
+    loop (``batching.compress_off_loop_bytes``): what :meth:`Uplink._send_off_loop` needs to finish it."""
+
+    carrier: Carrier
+    batch: list[Outstanding]
+    now: float
+    put_back: Callable[[list[bytes]], None]
+    payload: Serialized
+    message_id: bytes
+    options: dict[str, Any]
 
 
 class Uplink:
@@ -111,6 +129,18 @@ class Uplink:
             self._up.send_window_initial, self._up.send_window_min, self._up.max_inflight
         )
         self._nonce = 0
+        # Large request frames are compressed on this thread (zstd lets go of the GIL: the loop reads the
+        # intake meanwhile), with a codec of its own (a FrameCodec is not thread-safe) over the same
+        # dictionaries; one at a time, so frames leave in the order they were taken.
+        self._off_loop_bytes = config.batching.compress_off_loop_bytes
+        self._off_loop_codec = FrameCodec(
+            codec.limits,
+            codec.dictionaries,
+            level=codec.level,
+            compress_min_bytes=codec.compress_min_bytes,
+            min_saving=codec.min_saving,
+        )
+        self._compressor: ThreadPoolExecutor | None = None
 
     @property
     def dict_id(self) -> int:
@@ -153,6 +183,8 @@ class Uplink:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
+        if self._off_loop_bytes and self._compressor is None:
+            self._compressor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="uplink-zstd")
         self._tasks = [
             asyncio.create_task(self._sender(), name="uplink-sender"),
             asyncio.create_task(self._pinger(), name="uplink-pinger"),
@@ -164,6 +196,9 @@ class Uplink:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        if self._compressor is not None:
+            self._compressor.shutdown(wait=False)  # a frame being compressed is not sent (it is spooled)
+            self._compressor = None
         for name in list(self.carriers):
             carrier = self.carriers.pop(name)
             tasks = [t for t in (carrier.task, carrier.monitor_task) if t is not None]
@@ -221,7 +256,10 @@ class Uplink:
             wait_s: float | None = held_s or self._up.ping_interval_s
             if carrier is not None:
                 try:
-                    wait_s = self._send_some(carrier)
+                    outcome = self._send_some(carrier)
+                    if isinstance(outcome, UnsentFrame):
+                        outcome = await self._send_off_loop(outcome)
+                    wait_s = outcome
                 except Exception:  # never let one bad batch end the sender
                     self.errors.count(ErrorReason.UPLINK_SEND)
                     log.exception("sending a batch failed", carrier=carrier.name, queued=len(self._queue))
@@ -249,8 +287,9 @@ class Uplink:
             return other, 0.0
         return None, max(MIN_TIMER_WAIT_S, min(self._held_until.values()) - now)
 
-    def _send_some(self, carrier: Carrier) -> float | None:
-        """Send one frame; None when it went out, else how long to wait before trying again."""
+    def _send_some(self, carrier: Carrier) -> float | UnsentFrame | None:
+        """Send one frame; None when it went out, else how long to wait before trying again (or, a large
+        one, the frame to compress off the loop and send: :meth:`_send_off_loop`)."""
         if self._reasks:
             return self._send_reasks(carrier)
         room = self.window.room(self.outstanding.held)
@@ -279,7 +318,7 @@ class Uplink:
             carrier, chosen.entries, now, lambda ids: self._queue.push_front(self.outstanding, ids)
         )
 
-    def _send_reasks(self, carrier: Carrier) -> float | None:
+    def _send_reasks(self, carrier: Carrier) -> float | UnsentFrame | None:
         """One frame of re-asks (those still unanswered and not acknowledged again since)."""
         batch: list[Outstanding] = []
         while self._reasks and len(batch) < self.max_records:
@@ -298,32 +337,79 @@ class Uplink:
         batch: list[Outstanding],
         now: float,
         put_back: Callable[[list[bytes]], None],
-    ) -> float | None:
-        """Send ``batch`` as one frame (``put_back`` its ids when it cannot go now); as ``_send_some``."""
+    ) -> float | UnsentFrame | None:
+        """Send ``batch`` as one frame (``put_back`` its ids when it cannot go now); as ``_send_some``. A
+        frame of at least ``batching.compress_off_loop_bytes`` is returned unsent, to be compressed off the
+        loop."""
         message_id = new_id()
         requests = [e.request for e in batch]
         attempt = max(e.attempts for e in batch)
         deadline = min((d for r in requests if (d := r.deadline_unix_us)), default=0)
         priority = min(r.priority or pb.PRIORITY_CLASS_INTERACTIVE for r in requests)
-        raw_before = self._codec.sent_raw
         # The requests as serialized when taken: a RequestBatch is the concatenation of its requests,
         # so none is copied into a new message or serialized again.
         payload = Serialized(
             pb.MESSAGE_KIND_REQUEST_BATCH, repeated_field(REQUESTS_FIELD, [e.raw for e in batch]), len(batch)
         )
-        frames = self._codec.encode(
-            payload,
-            agent_id=self._config.name,
-            region=self._config.region,
-            priority=priority,
-            deadline_unix_us=deadline,
-            message_id=message_id,
-            attempt=attempt,
-            dict_id=self.dict_id,
-            frame_limit=self.max_frame_bytes,  # the gateway's, from its Pong (0 = not known yet)
-            features=pb.FEATURE_ACKS_IN_RESPONSES,
+        options: dict[str, Any] = {
+            "agent_id": self._config.name,
+            "region": self._config.region,
+            "priority": priority,
+            "deadline_unix_us": deadline,
+            "message_id": message_id,
+            "attempt": attempt,
+            "dict_id": self.dict_id,
+            "frame_limit": self.max_frame_bytes,  # the gateway's, from its Pong (0 = not known yet)
+            "features": pb.FEATURE_ACKS_IN_RESPONSES,
+        }
+        if self._compressor is not None and len(payload.raw) >= self._off_loop_bytes:
+            return UnsentFrame(carrier, batch, now, put_back, payload, message_id, options)
+        raw_before = self._codec.sent_raw
+        frames = self._codec.encode(payload, **options)
+        return self._send_frames(
+            carrier, batch, now, put_back, frames, message_id, self._codec.sent_raw != raw_before
         )
-        ids = [r.request_id for r in requests]
+
+    async def _send_off_loop(self, unsent: UnsentFrame) -> float | None:
+        """Compress a large frame on the uplink's thread, then send it as ``_send_batch`` would. What changed
+        while it was compressed is checked after: a request answered or expired meanwhile (no longer
+        outstanding) or a carrier dropped puts the rest back, to go in the next frame; cancelled (the agent
+        stopping), they are put back too."""
+        assert self._compressor is not None
+        codec = self._off_loop_codec
+        raw_before = codec.sent_raw  # only that thread changes it, and it is idle until this job runs
+        job = functools.partial(codec.encode, unsent.payload, **unsent.options)
+        batch = unsent.batch
+        try:
+            frames = await asyncio.get_running_loop().run_in_executor(self._compressor, job)
+        except asyncio.CancelledError:
+            unsent.put_back([e.request.request_id for e in batch])
+            raise
+        self.stats.compressed_off_loop += 1
+        get = self.outstanding.get
+        live = [e for e in batch if get(e.request.request_id) is e]
+        carrier = unsent.carrier
+        if len(live) != len(batch) or self.carriers.get(carrier.name) is not carrier:
+            unsent.put_back([e.request.request_id for e in live])
+            return None
+        sent_raw = codec.sent_raw != raw_before
+        return self._send_frames(
+            carrier, batch, unsent.now, unsent.put_back, frames, unsent.message_id, sent_raw
+        )
+
+    def _send_frames(
+        self,
+        carrier: Carrier,
+        batch: list[Outstanding],
+        now: float,
+        put_back: Callable[[list[bytes]], None],
+        frames: list[bytes],
+        message_id: bytes,
+        sent_raw: bool,
+    ) -> float | None:
+        """Send a request frame encoded from ``batch``; as ``_send_some``. ``sent_raw``: zstd would not have
+        saved ``zstd_min_saving``, so it goes uncompressed."""
+        ids = [e.request.request_id for e in batch]
         if self.max_frame_bytes and len(frames[1]) > self.max_frame_bytes:
             # Over the gateway's limit: the gateway (or libzmq, far over it) would refuse it. Split.
             if len(batch) == 1:
@@ -341,7 +427,7 @@ class Uplink:
         self._timer_set(now + self._up.ack_timeout_s)
         self.stats.sent_frames += 1
         self.stats.sent_requests += len(ids)
-        if self._codec.sent_raw != raw_before:  # zstd would not have saved zstd_min_saving
+        if sent_raw:
             self.stats.sent_uncompressed += 1
         return None
 
