@@ -37,8 +37,8 @@ import zmq
 from bench.gateway_bench import FEATURES
 from bench.lone_profile import client
 from edgewire import FrameCodec, Serialized, pb, repeated_field
+from edgewire.parts import recv_parts, send_parts
 from gateway.frames.wire import request_spans
-from gateway.ingress.parts import recv_parts, send_parts
 from inference.backends.base import ModelSpec
 from inference.backends.modelrepo import spec_from_config
 from inference.models.demo import demo_config

@@ -103,7 +103,7 @@ RULES: tuple[tuple[str, Predicate], ...] = (
     # Sending (Acks, answers, control) and what a send asks of the socket.
     (SEND, at("gateway/replies.py")),
     (SEND, at("gateway/ingress/carrier.py", "send", "send_to_peer")),
-    (SEND, at("gateway/ingress/parts.py", "send_parts")),
+    (SEND, at("edgewire/parts.py", "send_parts")),
     (SEND, at("gateway/ingress/reader.py", "after_send")),
     (SEND, at("gateway/ingest.py", "_send", "flush_replies")),
     (SEND, at("edgewire/codec.py", "encode", "_compressed", "_compressor", "reframe")),

@@ -20,8 +20,8 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from edgewire.parts import send_parts
 from gateway.config import CarrierConfig, LimitsConfig, ZmqConfig
-from gateway.ingress.parts import send_parts
 from gateway.ingress.reader import EdgeReader
 from gateway.ops.metrics import GatewayMetrics
 

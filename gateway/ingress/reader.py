@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import zmq
 
-from gateway.ingress.parts import recv_parts, waiting
+from edgewire.parts import recv_parts, waiting
 
 READ_BUDGET_S = 0.0005
 """A wake-up reads messages for at most about this long (one frame of 100 requests may take longer: a

@@ -36,9 +36,9 @@ import structlog
 import zmq
 import zmq.asyncio
 
+from edgewire.parts import send_parts
 from gateway.config import ZmqConfig
 from gateway.ingress.carrier import OnMessage, SendResult, silent_after_s
-from gateway.ingress.parts import send_parts
 from gateway.ingress.reader import EdgeReader
 from gateway.ops.metrics import GatewayMetrics
 

@@ -34,8 +34,8 @@ from typing import Any
 import structlog
 import zmq
 
+from edgewire.parts import recv_parts, send_parts, waiting
 from gateway.ingress.carrier import CarrierIngress, SendResult, send_to_peer
-from gateway.ingress.parts import recv_parts, send_parts, waiting
 from gateway.ops.metrics import GatewayMetrics
 from gateway.shards.holds import FrontHolds
 from gateway.shards.link import HOLD, REPLY

@@ -32,7 +32,7 @@ def test_the_innermost_frame_a_rule_knows_names_the_step() -> None:
     assert attribute([INC, CALL, RUNNER]) == METRICS  # a counter inside the backend call is metrics
     assert attribute([CALL, RUNNER]) == BACKEND
     assert attribute([NUMPY, PREPARE, RUNNER]) == PREPARE_RANKING  # numpy counts where it was called
-    assert attribute([("/src/gateway/ingress/parts.py", "send_parts"), RUNNER]) == SEND
+    assert attribute([("/src/edgewire/parts.py", "send_parts"), RUNNER]) == SEND
     assert attribute([RUNNER]) == LOOP  # busy, no Python frame of ours: C under the loop
     assert attribute([("/elsewhere.py", "f"), RUNNER]) == OTHER
 

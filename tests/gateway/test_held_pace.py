@@ -14,9 +14,9 @@ import pytest
 import zmq
 
 from edgewire import pb
+from edgewire.parts import waiting
 from gateway.config import BudgetConfig, ConfigError, load_config
 from gateway.ingress.budget import HELD_READS_BURST, MAX_HELD_PAUSE_S, TOLD_PER_HOLD, HeldReadPace
-from gateway.ingress.parts import waiting
 from gateway.ingress.reader import EdgeReader
 from gateway.testing import WireClient, fresh_requests, run_gateway, wait_for
 from tests.gateway.daemon.test_serving import synthetic

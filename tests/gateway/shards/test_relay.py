@@ -18,10 +18,10 @@ import zmq
 import zmq.asyncio
 
 from edgewire import new_id, pb
+from edgewire.parts import recv_parts, send_parts
 from gateway.config import CarrierConfig, LimitsConfig, ZmqConfig
 from gateway.ingress.budget import HELD_READS_BURST
 from gateway.ingress.carrier import CarrierIngress
-from gateway.ingress.parts import recv_parts, send_parts
 from gateway.ops.metrics import GatewayMetrics
 from gateway.shards.holds import FrontHolds
 from gateway.shards.link import HOLD, REPLY, STATUS, tag
