@@ -129,14 +129,18 @@ class Admission:
     def _new_id(self, caller: bytes, request: pb.InferRequest, ack: pb.Ack) -> bool:
         """Give a request without a valid id a new one (True). An id this agent holds is not taken again
         (False): sent again by the caller it is held for (after a reconnect, or a restart of either side),
-        it is re-attached, listed in the Ack's ``duplicate_ids``, and its parked answer, if any, goes now;
-        an id held for another caller, or answered already, is refused."""
+        it is re-attached, listed in the Ack's ``duplicate_ids``, and its parked answer, if any, goes now
+        (one that came from Hong Kong in this tick goes at its flush, right after this frame's Ack); an id
+        held for another caller, or answered already, is refused."""
         rid = request.request_id
         if not is_valid_id(rid):
             request.request_id = new_id()
             return True
-        waiter = self._callers.waiter(rid)
-        if waiter is None and self._callers.claim(caller, rid):
+        callers = self._callers
+        waiter = callers.waiter(rid)
+        if waiter is None and (callers.claim(caller, rid) or callers.answering(rid) == caller):
+            # Its answer is parked (sent now) or came in this tick (the flush sends it): refused as used,
+            # the caller's resend would end its wait before the answer it is owed (the Ack goes first).
             waiter = caller
         elif waiter == b"":  # spooled by an agent that did not record callers: this one asks for it
             self._callers.wait_for(rid, caller, request.deadline_unix_us)

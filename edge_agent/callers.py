@@ -52,6 +52,7 @@ class Callers:
         # request id -> (routing id of the caller, the request's deadline in unix microseconds)
         self._waiting: dict[bytes, tuple[bytes, int]] = {}
         self._outbox: dict[bytes, list[tuple[pb.InferResponse, int]]] = {}
+        self._outbox_ids: dict[bytes, bytes] = {}  # request id -> its caller, answered, in the outbox
         self._answered_ids: list[bytes] = []
         self._flush_scheduled = False
         self._purge_timer: asyncio.TimerHandle | None = None
@@ -68,6 +69,11 @@ class Callers:
     def wait_for(self, request_id: bytes, caller: bytes, deadline_unix_us: int = 0) -> None:
         """``caller`` waits for the answer to ``request_id`` (from Hong Kong); b"": nobody known does."""
         self._waiting[request_id] = (caller, deadline_unix_us)
+
+    def answering(self, request_id: bytes) -> bytes | None:
+        """The caller whose answer to ``request_id`` came from Hong Kong and goes out at this tick's flush
+        (no longer waited for, not yet sent), or None."""
+        return self._outbox_ids.get(request_id)
 
     def give_up(self, request_id: bytes) -> None:
         """Nobody waits for ``request_id`` any more (it was refused after all)."""
@@ -120,6 +126,7 @@ class Callers:
         self._answered_ids.append(response.request_id)
         caller, deadline = waiting if waiting is not None else (b"", 0)
         self._outbox.setdefault(caller, []).append((response, deadline))
+        self._outbox_ids[response.request_id] = caller
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
@@ -130,6 +137,7 @@ class Callers:
         self._flush_scheduled = False
         answered, self._answered_ids = self._answered_ids, []
         outbox, self._outbox = self._outbox, {}
+        self._outbox_ids.clear()
         if answered:
             self._release(answered)
         for caller, answers in outbox.items():
