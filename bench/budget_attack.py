@@ -223,13 +223,24 @@ class VictimTracker(Tracker):
             self.gateway_s.extend(r.timing.total_us / 1e6 for r in payload.responses)
 
 
+def victim_id(shards: int, placement: str) -> str:
+    """The victim's agent id: "victim", or with ``placement`` "same" and shards, the first "victim-N" that
+    lands on the attacker's shard (gateway/shards/placement.py)."""
+    if shards <= 1 or placement != "same":
+        return "victim"
+    target = shard_of("attacker", shards)
+    return next(
+        name for n in range(10_000) if shard_of(name := f"victim-{n}" if n else "victim", shards) == target
+    )
+
+
 def victim_phase(
-    peer: Peer, requests: list[pb.InferRequest], rate: float, seconds: float
+    peer: Peer, requests: list[pb.InferRequest], rate: float, seconds: float, agent_id: str = "victim"
 ) -> tuple[int, list[float], list[float]]:
     """Open loop on the victim's DEALER; (requests sent, latencies in seconds, inf for unanswered, the
     gateway's part of each answered one)."""
     tracker = VictimTracker()
-    open_loop_drive(peer, requests, rate, seconds, tracker, agent_id="victim", budget_s=30.0, wait_s=WAIT_S)
+    open_loop_drive(peer, requests, rate, seconds, tracker, agent_id=agent_id, budget_s=30.0, wait_s=WAIT_S)
     total = int(rate * seconds)
     return total, tracker.latencies + [math.inf] * len(tracker.sent_at), tracker.gateway_s
 
@@ -281,7 +292,9 @@ def run_pair(
                 machine_ticks(),
                 time.perf_counter(),
             )
-            total, lat, gateway_s = victim_phase(peer, requests, args.rate, args.seconds)
+            total, lat, gateway_s = victim_phase(
+                peer, requests, args.rate, args.seconds, victim_id(args.shards, args.victim_shard)
+            )
             elapsed = time.perf_counter() - started
             loop_cpu = (gateway_cpu_s(peer.proc.pid, args.shards) - cpu_before) / elapsed
             ticks_after = machine_ticks()
@@ -406,6 +419,8 @@ def render(pairs: list[tuple[Phase, Phase]], args: argparse.Namespace) -> str:
     title = "## Per-agent cost budget under a decompression-bomb flood (issue 24 item 4)"
     if args.shards > 1:
         extra += f" --shards {args.shards}"
+        if args.victim_shard != "other":
+            extra += f" --victim-shard {args.victim_shard}"
         title = (
             f"## Per-agent cost budget under a decompression-bomb flood, {args.shards} shards behind a front "
             "(issue 24 item 4)"
@@ -445,15 +460,16 @@ def render(pairs: list[tuple[Phase, Phase]], args: argparse.Namespace) -> str:
         "gateway/ingress/budget.py HeldReadPace), the rest waiting in ZeroMQ and the attacker's sends "
         "stopping at its high-water mark. `held_reads_per_s = 0` reads them as fast as they come: a frame's "
         "envelope must be read to know whose it is, so the flood then takes the loop."
-        + shards_note(args.shards)
+        + shards_note(args.shards, args.victim_shard)
     )
 
 
-def shards_note(shards: int) -> str:
+def shards_note(shards: int, placement: str = "other") -> str:
     """What differs with shards: where the flood is read and refused, and what the CPU column counts."""
     if shards <= 1:
         return ""
-    placed = {name: shard_of(name, shards) for name in ("victim", "attacker")}
+    victim = victim_id(shards, placement)
+    placed = {"victim": shard_of(victim, shards), "attacker": shard_of("attacker", shards)}
     return (
         f"\n\nWith {shards} shards (`HKGW_SHARDS={shards}`) `python -m gateway` is the front: its relay "
         "thread reads the carrier's ROUTER and passes each frame to its agent's shard "
@@ -498,6 +514,12 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=1,
         help="the gateway's shards (more than 1: a front and its shards; written to its own section)",
+    )
+    parser.add_argument(
+        "--victim-shard",
+        choices=("other", "same"),
+        default="other",
+        help="with shards: the victim on another shard than the attacker's (agent id 'victim'), or the same",
     )
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--declared-mib", type=int, default=32)

@@ -12,11 +12,12 @@ name the held agent as soon as their envelope is read, counted as the shard woul
 (``hkgw_frames_rejected_total{reason="over_budget"}``), and pauses its reading of that carrier for what
 they overdraw of the pace (``hkgw_carrier_read_pauses_total``), as a single-process gateway's reader does.
 
-When a hold ends, the connection's frames go to the shard again: its budget admits them, or holds the
-connection again and tells the front. A reload (keys may be revoked or remapped) and a capture (which
-sees every frame whole) forget every hold here, as they do in the shards.
+When a hold ends, the connection's frames go to the shard again, still read at the pace for a minute
+(``LAPSED_KEEP_S``): the shard's budget admits them, or holds the connection again and tells the front. A
+reload (keys may be revoked or remapped) and a capture (which sees every frame whole) forget every hold
+here, as they do in the shards.
 
-Only the relay thread calls :meth:`FrontHolds.hold` and :meth:`FrontHolds.refused`; :meth:`FrontHolds.clear`
+Only the relay thread calls :meth:`FrontHolds.hold` and :meth:`FrontHolds.check`; :meth:`FrontHolds.clear`
 may be called from any thread (it is done by the relay thread at its next call).
 """
 
@@ -92,10 +93,15 @@ class FrontHolds:
         log.debug("connection held at the front", carrier=carrier, agent=agent, seconds=round(seconds, 3))
         return True
 
-    def refused(self, carrier: str, frames: Sequence[zmq.Frame]) -> float | None:
-        """An agent's message ``[routing id, envelope, payload]`` read on ``carrier``: None to pass it on;
-        else it is a request batch of a held connection naming the held agent, refused (counted), and the
-        value is how long the carrier's reading should pause (0: not at all)."""
+    def check(self, carrier: str, frames: Sequence[zmq.Frame]) -> tuple[bool, float] | None:
+        """An agent's message ``[routing id, envelope, payload]`` read on ``carrier``: None when it is not a
+        request batch of a held connection naming the held agent (pass it on); else (refused, how long the
+        carrier's reading should pause, 0: not at all). Held: refused and counted. Lapsed (its hold ended
+        within ``LAPSED_KEEP_S``, a minute): passed on, for the shard's budget to admit or hold it again,
+        but read at the same pace: the flood that waited in ZeroMQ during the hold would otherwise go to the
+        shard as fast as the relay reads it, thousands of frames before the shard's new hold reaches here,
+        each one refused on the loop of the shard that also serves every other agent placed there
+        (bench/budget_attack.py ``--victim-shard same``)."""
         self._cleared()
         if not self._held or len(frames) < 2:
             return None
@@ -113,10 +119,12 @@ class FrontHolds:
             return None
         now = self._clock()
         state = self._held.state(carrier, routing_id, envelope.agent_id, now)
-        if state is None or now >= state[0]:
-            return None  # not held, or lapsed: the shard's budget decides (and holds it again if it refuses)
-        self._rejected[carrier].inc()
+        if state is None:
+            return None
+        refused = now < state[0]
+        if refused:
+            self._rejected[carrier].inc()
         pause_s = self._pace.take(carrier, now)
         if pause_s > 0:
             self._pauses[carrier].inc()
-        return pause_s
+        return refused, pause_s

@@ -15,8 +15,9 @@ what a shard says to the front itself (status, metrics) through ``call_soon_thre
 (which shard an agent's frame goes to, what a reply's head means) are the front's, given as callables.
 
 Held connections (gateway/shards/holds.py): a shard's ``H`` message is taken here, and a held connection's
-request batch is refused here before it is routed; its carrier's ROUTER is then not polled for the pause
-the pace asks (at most a millisecond), while the other carriers and the link are.
+request batch is refused here before it is routed (a lapsed one's is routed); after either, its carrier's
+ROUTER is not polled for the pause the pace asks (at most a millisecond), while the other carriers and the
+link are.
 """
 
 from __future__ import annotations
@@ -205,12 +206,14 @@ class Relay:
         def deliver(frames: list[zmq.Frame]) -> None:
             carrier.last_recv = time.monotonic()
             carrier.messages += 1
-            if holds:  # some connection is held (FrontHolds is falsy when none is)
-                pause_s = holds.refused(carrier.name, frames)
-                if pause_s is not None:
+            if holds:  # some connection is held or lapsed (FrontHolds is falsy when none is)
+                verdict = holds.check(carrier.name, frames)
+                if verdict is not None:
+                    refused, pause_s = verdict
                     if pause_s > 0:
                         self._pause(sock, pause_s)
-                    return
+                    if refused:
+                        return
             try:
                 parts = route(carrier, frames)
             except Exception:  # a bug in handling one frame must not stop the traffic
