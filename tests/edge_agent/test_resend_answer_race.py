@@ -41,7 +41,5 @@ async def test_a_resend_meeting_its_answer_in_one_tick_is_reattached_and_answere
             resend.CopyFrom(request)
             assert admission.take(CALLER.encode(), [resend]) is None  # nothing to spool: re-attached
             answer = await asyncio.wait_for(asking, timeout=10)
-            await asyncio.sleep(0.1)  # a second answer, were one sent, would have arrived
-    assert answer.status == pb.STATUS_OK, answer.error_message
-    assert client.dropped_answers == 0
+    assert answer.status == pb.STATUS_OK, answer.error_message  # without the fix: the nack's, first
     assert admission.reattached == 1

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,9 +48,11 @@ def _recv(sock: zmq.Socket[bytes]) -> list[bytes]:
 
 
 @asynccontextmanager
-async def rig(tmp_path: Path, held_reads_per_s: float | None = None) -> AsyncIterator[Rig]:
+async def rig(
+    tmp_path: Path, held_reads_per_s: float | None = None, clock: Callable[[], float] = time.monotonic
+) -> AsyncIterator[Rig]:
     """A relay over a real carrier and link; with ``held_reads_per_s``, the front's held connections
-    (FrontHolds) at that pace."""
+    (FrontHolds) at that pace, on ``clock``."""
     ctx = zmq.asyncio.Context()
     metrics = GatewayMetrics(models={})
     zcfg = ZmqConfig()
@@ -87,7 +89,7 @@ async def rig(tmp_path: Path, held_reads_per_s: float | None = None) -> AsyncIte
 
     holds = None
     if held_reads_per_s is not None:
-        holds = FrontHolds(["hgc"], held_reads_per_s, metrics, LimitsConfig().max_header_bytes)
+        holds = FrontHolds(["hgc"], held_reads_per_s, metrics, LimitsConfig().max_header_bytes, clock)
     relay = Relay(
         ctx,
         link,
@@ -254,14 +256,25 @@ async def test_a_connection_a_shard_holds_is_refused_and_paced_here_and_the_rest
             other.close(0)
 
 
+class Clock:
+    """The holds' clock, moved by the test (read on the relay thread)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 async def test_a_hold_that_ended_or_was_cleared_lets_the_frames_through(tmp_path: Path) -> None:
-    async with rig(tmp_path, held_reads_per_s=0.0) as r:
+    clock = Clock()
+    async with rig(tmp_path, held_reads_per_s=0.0, clock=clock) as r:
         send_parts(r.shard, [tag(HOLD, 0), b"agent-a", b"flooder", b"0.2"])
         send_parts(r.shard, [STATUS, b"{}"])
         await _until(lambda: bool(r.to_front))
         r.agent.send_multipart(batch_of("flooder"))
         await _until(lambda: over_budget(r) == 1)
-        await asyncio.sleep(0.25)  # the hold's end
+        clock.now += 0.2  # the hold's end
         r.agent.send_multipart(batch_of("flooder"))
         got = await asyncio.to_thread(_recv, r.shard)
         assert envelope_agent(got) == ("flooder", pb.MESSAGE_KIND_REQUEST_BATCH)
