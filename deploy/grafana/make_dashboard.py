@@ -92,9 +92,12 @@ PANELS = [
         ],
     ),
     (
-        "Carrier reads paused for connections held over budget (a flood ignoring its retry-after)",
+        "Connections held over budget (a flood ignoring its retry-after), carrier reads paused for them",
         "none",
-        [("sum by (carrier) (rate(hkgw_carrier_read_pauses_total[1m]))", "per s {{carrier}}")],
+        [
+            ("sum(hkgw_held_connections)", "held now"),
+            ("sum by (carrier) (rate(hkgw_carrier_read_pauses_total[1m]))", "pauses per s {{carrier}}"),
+        ],
     ),
     (
         "Backends: calls by outcome, breaker state",

@@ -219,6 +219,12 @@ class HeldConnections:
     def __len__(self) -> int:
         return len(self._held)
 
+    def held_now(self, now: float) -> int:
+        """How many connections are held at ``now`` (not the lapsed ones remembered): the
+        ``hkgw_held_connections`` gauge, read on the HTTP thread at a scrape (``list`` of a dict's values is
+        one step under the GIL, so the loop's changes meanwhile cannot break it)."""
+        return sum(1 for _, _, until in list(self._held.values()) if until > now)
+
     def connections(self) -> list[tuple[str, bytes]]:
         """The remembered connections (held or lapsed), oldest hold first."""
         return list(self._held)

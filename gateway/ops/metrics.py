@@ -263,6 +263,12 @@ class GatewayMetrics:
             ["carrier"],
             registry=r,
         )
+        self.held_connections = Gauge(
+            f"{NS}_held_connections",
+            "Connections held by the per-agent cost budget now: their agent's request batches refused on"
+            " the envelope until the hold ends",
+            registry=r,
+        )
         self.inflated_off_loop = Counter(
             f"{NS}_frames_inflated_off_loop",
             "Large zstd frames decompressed on the inflate thread instead of the event loop",

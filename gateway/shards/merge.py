@@ -45,6 +45,7 @@ SUMMED_GAUGES = frozenset(
         "hkgw_pending_replies",
         "hkgw_inflate_pending",
         "hkgw_ingest_backlog_frames",
+        "hkgw_held_connections",
     }
 )
 """Every gauge the gateway exports is in exactly one of these sets (tests/gateway/shards checks it)."""

@@ -396,6 +396,7 @@ async def test_an_agent_flooding_past_its_told_refusals_is_held_until_the_hold_e
         envelope = pb.Envelope.FromString(header)
         declared = envelope.uncompressed_length if envelope.codec == pb.CODEC_ZSTD else 0
         assert ingest.budgets.admit("flooder", declared) is None  # its budget alone would take this frame
+        assert gw.metrics.registry.get_sample_value("hkgw_held_connections") == 1.0  # the scrape's gauge
         small = await agent.send(request)
         await agent.ping()  # the hold refuses batches only: a Ping is answered, after the batch was handled
         assert rejected(gw, "hgc", "over_budget") == refused + 1
@@ -403,7 +404,22 @@ async def test_an_agent_flooding_past_its_told_refusals_is_held_until_the_hold_e
         # The hold ends at a time: waited for as a condition on the clock the gateway reads.
         await wait_for(lambda: ingest._clock() > ends, timeout_s=30, what="the hold over")
         answers = await agent.infer(fresh_requests(request))
+        assert gw.metrics.registry.get_sample_value("hkgw_held_connections") == 0.0  # lapsed: not held
     assert [a.status for a in answers] == [pb.STATUS_OK]
+
+
+def test_held_now_counts_the_holds_not_yet_ended() -> None:
+    """``held_now`` (the hkgw_held_connections gauge) counts connections whose hold has not ended at the
+    time asked: not the lapsed ones still remembered, whichever carrier or agent."""
+    held = HeldConnections()
+    assert held.held_now(0.0) == 0
+    held.hold("hgc", b"\x01", "flooder", 10.0)
+    held.hold("pccw", b"\x01", "flooder", 20.0)
+    held.hold("hgc", b"\x02", "other", 30.0)
+    assert [held.held_now(t) for t in (9.9, 10.0, 25.0, 30.0)] == [3, 2, 1, 0]
+    assert len(held) == 3  # the lapsed ones are still remembered
+    held.release("hgc", b"\x02")
+    assert held.held_now(0.0) == 2
 
 
 def test_held_connections_are_bounded_oldest_first() -> None:

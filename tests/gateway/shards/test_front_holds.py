@@ -72,6 +72,8 @@ async def test_a_held_flood_is_refused_and_paced_by_the_front_and_another_agent_
         )
         refused_then = await over_budget(http)
         assert [a.status for a in answers] == [pb.STATUS_OK]
+        # The shard holding it says so (the front's copy of the hold is not counted again).
+        assert total(await http.metrics(), "hkgw_held_connections") == 1
         assert refused_then < TOLD_PER_HOLD + HELD_FLOOD / 2, refused_then  # the flood paced
         await until(http, TOLD_PER_HOLD + HELD_FLOOD)
         samples = await http.metrics()
