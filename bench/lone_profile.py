@@ -13,7 +13,9 @@ by cumulative time) and the Python calls per request, exact where CPU per reques
 ``mixed_requests``, encoded before the run), ``--window`` of them in flight: CPU per record. Loopback only;
 bounded by ``--requests``.
 
-``--max-queue-delay-us`` sets the bench pools' ``max_queue_delay_us`` (1000 by default) and
+``--short-text-tokens 16`` queues a model's texts of up to 16 tokens in one queue (the pools'
+``short_text_tokens``; the mix's short texts then go in about one backend call per frame instead of four
+or five). ``--max-queue-delay-us`` sets the bench pools' ``max_queue_delay_us`` (1000 by default) and
 ``--realtime-as-interactive`` sends the mix's realtime requests as interactive ones, with ``--frame``: a
 queue holding a realtime request is cut at once (``realtime_queue_delay_us = 0``), so together they show
 what a backend call costs the loop whatever its size (the runs print backend calls per frame).
@@ -123,12 +125,18 @@ def batched_client(
         ctx.term()
 
 
-async def start(work: Path, max_queue_delay_us: int = 1000) -> tuple[Gateway, str]:
-    """The bench's gateway (null backend) on this loop, and its first carrier's endpoint."""
+async def start(
+    work: Path, max_queue_delay_us: int = 1000, short_text_tokens: int = 0
+) -> tuple[Gateway, str]:
+    """The bench's gateway (null backend) on this loop, and its first carrier's endpoint; every pool with
+    ``short_text_tokens`` (docs/GATEWAY.md)."""
     models = work / "models"
     write_demo_repository(models)
     config = work / "gateway.toml"
-    pools = pools_toml().replace("max_queue_delay_us = 1000", f"max_queue_delay_us = {max_queue_delay_us}")
+    pools = pools_toml().replace(
+        "max_queue_delay_us = 1000",
+        f"max_queue_delay_us = {max_queue_delay_us}\nshort_text_tokens = {short_text_tokens}",
+    )
     config.write_text(GATEWAY_TOML.format(backend="null", models=models, backend_options="", pools=pools))
     gateway = Gateway(load_config(config, environ={}))
     await gateway.start()
@@ -146,8 +154,9 @@ async def run(
     detail: int = 0,
     max_queue_delay_us: int = 1000,
     realtime_as_interactive: bool = False,
+    short_text_tokens: int = 0,
 ) -> None:
-    gateway, endpoint = await start(work, max_queue_delay_us)
+    gateway, endpoint = await start(work, max_queue_delay_us, short_text_tokens)
     loop = asyncio.get_running_loop()
     runs = [(WARM_UP, False, False), (requests, True, False)]
     if steps:
@@ -291,6 +300,12 @@ def main(argv: list[str] | None = None) -> int:
         "--realtime-as-interactive", action="store_true", help="with --frame > 1: no realtime requests"
     )
     parser.add_argument(
+        "--short-text-tokens",
+        type=int,
+        default=0,
+        help="the pools' short_text_tokens (16: a frame's short texts in one queue per model)",
+    )
+    parser.add_argument(
         "--at-once-turns", type=int, default=0, help="rounds of lone requests served at once and queued"
     )
     args = parser.parse_args(argv)
@@ -312,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.detail,
                 args.max_queue_delay_us,
                 args.realtime_as_interactive,
+                args.short_text_tokens,
             )
         )
     return 0

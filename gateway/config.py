@@ -201,6 +201,12 @@ class PoolDispatch(_Section):
     batching: bool = True  # off for backends that batch themselves (Triton dynamic_batching)
     # Batch padded requests (text) only with others of their size bucket, so padding stays small.
     group_by_size: bool = True
+    # With group_by_size: texts estimated at up to this many tokens share one queue, their batch padded to
+    # its longest (at most this length's bucket), instead of one queue per length bucket (4, 6, 8, 12,
+    # 16): a frame's short queries in one backend call instead of four or five. For a GPU pool, where a
+    # batch of short sequences costs about what a smaller one does; a CPU model's time grows with the
+    # tokens it pads. 0: every bucket apart.
+    short_text_tokens: int = Field(default=0, ge=0, le=128)
 
     @model_validator(mode="after")
     def _preferred_within_max(self) -> Self:

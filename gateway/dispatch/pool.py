@@ -320,8 +320,9 @@ class PoolDispatcher:
             self._queue_of((model, version, 0)).lanes[lane].add(items)
         else:  # one slice per length bucket
             buckets: dict[int, list[WorkItem]] = {}
+            short = self.dispatch.short_text_tokens
             for item in items:
-                buckets.setdefault(length_bucket(item.text_tokens), []).append(item)
+                buckets.setdefault(length_bucket(max(item.text_tokens, short)), []).append(item)
             for bucket, part in buckets.items():
                 self._queue_of((model, version, bucket)).lanes[lane].add(part)
         self._depth += len(items)
@@ -420,7 +421,8 @@ class PoolDispatcher:
 
         Text is padded to the batch's longest sequence; a 3-token query batched with a 120-token
         description is sent as 128 tokens. Requests queue per bucket, so one batch holds one bucket;
-        hkgw_padding_waste_ratio shows what is left.
+        hkgw_padding_waste_ratio shows what is left. Texts of up to ``short_text_tokens`` share the queue of
+        that length's bucket (``submit_many``): one backend call for a frame's short queries.
         """
         if not self.dispatch.group_by_size or not item.text_tokens:  # not text: no spec to look up
             return False
@@ -637,8 +639,9 @@ class PoolDispatcher:
             return False
         if not self._pads(first):
             return True
-        bucket = length_bucket(first.text_tokens)
-        return all(length_bucket(item.text_tokens) == bucket for item in items)
+        short = self.dispatch.short_text_tokens
+        bucket = length_bucket(max(first.text_tokens, short))
+        return all(length_bucket(max(item.text_tokens, short)) == bucket for item in items)
 
     def serve_at_once(self, items: list[WorkItem]) -> None:
         """Serve ``items`` (:meth:`serves_at_once` said so) as the batcher's pass would, without queueing

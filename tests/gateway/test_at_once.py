@@ -93,6 +93,10 @@ async def test_only_an_idle_pools_slice_of_urgent_realtime_requests_is_served_at
     assert p.serves_at_once(texts)  # one length bucket
     texts[1].text_tokens = 20
     assert not p.serves_at_once(texts)  # two buckets: two queues, two batches
+    dispatch = p.dispatch
+    p.dispatch = dispatch.model_copy(update={"short_text_tokens": 24})
+    assert p.serves_at_once(texts)  # both of up to 24 tokens: one queue (short_text_tokens), one batch
+    p.dispatch = dispatch
     unknown = urgent(requests("a", 2, Priority.REALTIME))
     for item in unknown:
         item.request.model_name = "no-such-model"

@@ -28,6 +28,8 @@ from gateway.testing import (
     wait_for,
 )
 from inference.backends.base import InferCall, InferResult
+from inference.pipeline.text import length_bucket
+from inference.pipeline.textsize import estimated_tokens
 from inference.profile import profile_of
 from routing.types import Priority
 from tests.gateway.daemon.test_serving import synthetic
@@ -380,6 +382,39 @@ async def test_text_is_batched_by_size_bucket_to_keep_padding_small(models_dir: 
         assert batches >= 1
         waste[grouped] = total / batches
     assert waste[True] < 0.2 < waste[False], waste
+
+
+async def test_short_texts_share_one_queue_up_to_short_text_tokens(models_dir: Path) -> None:
+    """With ``short_text_tokens = 16`` a frame's texts estimated at up to 16 tokens (buckets 4, 8 and 16
+    here) go in one backend call, padded to the longest of them, and longer ones apart; with 0, one call per
+    bucket."""
+    phrase = "genuine xiaomi power bank waterproof ships from hong kong in five business days"
+    texts = ["earbuds", "wireless earbuds", "genuine xiaomi power bank waterproof ships", phrase]
+    texts = [*texts, *texts, f"{phrase} {phrase}", f"{phrase} {phrase}"]  # eight short ones, two long
+    assert [length_bucket(estimated_tokens(t)) for t in texts[3:]] == [16, 4, 4, 8, 16, 32, 32]
+    calls: dict[int, tuple[int, int]] = {}
+    for short in (0, 16):
+        overrides = split_backends(models_dir)
+        overrides["pools"]["cpu"] = {
+            "backend": "embedded",
+            "max_batch_size": 64,
+            "max_queue_delay_us": 50_000,  # the frame's slices all queued before any is cut
+            "short_text_tokens": short,
+        }
+        requests = fresh_requests(synthetic(len(texts), seed=44, kind=pb.REQUEST_KIND_TEXT))
+        for request, text in zip(requests, texts, strict=True):
+            request.text.CopyFrom(pb.TextQuery(text=text))
+            request.complexity_hint = 0.0  # the CPU pool
+            request.priority = pb.PRIORITY_CLASS_INTERACTIVE  # one lane: no realtime batch cut apart
+        async with run_gateway(models_dir=models_dir, **overrides) as gw:
+            async with WireClient(gw.endpoint("hgc")) as agent:
+                responses = await agent.infer(requests)
+            assert all(r.status == pb.STATUS_OK for r in responses), {r.error_message for r in responses}
+            embedded = backend(gw, "embedded")
+            calls[short] = (embedded.calls, embedded.rows)
+    # The pool's preferred batch size 8 (fault_injecting_pools' cpu pool) cuts the shared queue of the
+    # eight short ones at once; apart, each bucket's queue is cut when its delay is over.
+    assert calls == {0: (4, 10), 16: (2, 10)}, calls
 
 
 async def test_realtime_request_does_not_wait_for_company(models_dir: Path) -> None:
