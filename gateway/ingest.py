@@ -202,7 +202,7 @@ class Ingest:
         metrics.dedupe_entries.set_function(lambda: len(self.dedupe))
         metrics.inflate_pending.set_function(lambda: self.inflater.pending)
         metrics.ingest_backlog.set_function(lambda: len(self.backlog))
-        metrics.held_connections.set_function(lambda: self.held.held_now(time.monotonic()))
+        metrics.held_connections.set_function(lambda: self.held.held_now(self._clock()))
         # Per-request counts of the frame being handled (cleared as each frame starts), added to the metrics
         # once per frame; keyed by the raw values (model name, enums), made label values once per key.
         self._requests_seen: dict[tuple[str, Priority], int] = {}
