@@ -514,7 +514,7 @@ class Ingest:
         self, frame: _Frame, at_once: list[tuple[PoolDispatcher, list[WorkItem]]], now: float
     ) -> None:
         """Serve at once the frame's slice that its pool would serve at once, where it is the only one and
-        no other slice of the frame has been queued in that pool since (asked again), unless a message
+        its pool still would after the frame's other slices were queued (asked again), unless a message
         arrived on the frame's carrier while the frame was handled: otherwise the slices are queued, for
         the batcher's pass to batch them with each other and with what that message brings. Asked last,
         after the frame's handling, so the requests that arrive while one is handled share its batch as

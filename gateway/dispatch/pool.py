@@ -613,14 +613,19 @@ class PoolDispatcher:
     def serves_at_once(self, items: list[WorkItem]) -> bool:
         """Whether :meth:`serve_at_once` may take ``items`` (a slice of a frame, as for :meth:`submit_many`):
         realtime requests of a frame marked realtime (WorkItem.urgent) that the batcher's next pass would
-        cut as one batch, alone, and start at once: nothing queued in the pool, a concurrency slot free, no
-        wait for company (``realtime_queue_delay_us`` 0), no pass running; more than one only where they
-        fit one batch (:meth:`_one_batch`)."""
+        cut as one batch, alone, and start first and at once: no realtime request queued in the pool (those
+        go first, and the pass cuts realtime queues before any other), nothing queued in the slice's own
+        queue (a batch of its model takes realtime requests with others of that queue behind them: fill), a
+        concurrency slot free, no wait for company (``realtime_queue_delay_us`` 0), no pass running; more
+        than one only where they fit one batch (:meth:`_one_batch`). Less urgent requests of other models
+        or length buckets queued in the pool do not keep it from going: the pass would cut it before
+        them."""
         item = items[0]
         return (
             item.urgent
             and item.priority is Priority.REALTIME
-            and not self._depth
+            and not self._by_class[0]
+            and (not self._depth or not self._queues.get(self._key(item)))
             and self._running
             and not self._stopped
             and not self._in_pass
@@ -628,6 +633,15 @@ class PoolDispatcher:
             and len(self._inflight) < self.concurrency
             and (len(items) == 1 or self._one_batch(items))
         )
+
+    def _key(self, item: WorkItem) -> tuple[str, str, int]:
+        """The queue an item goes to (:meth:`submit_many`): its model, version and, for a model whose
+        pipeline pads, its length bucket."""
+        request = item.request
+        bucket = (
+            length_bucket(max(item.text_tokens, self.dispatch.short_text_tokens)) if self._pads(item) else 0
+        )
+        return request.model_name, request.model_version, bucket
 
     def _one_batch(self, items: list[WorkItem]) -> bool:
         """Whether the pass would cut these requests (one slice, queued alone) as one batch: no more than

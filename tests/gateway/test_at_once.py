@@ -77,9 +77,10 @@ def lone() -> list[WorkItem]:
 
 
 async def test_only_an_idle_pools_slice_of_urgent_realtime_requests_is_served_at_once() -> None:
-    """Where the batcher's next pass would cut the slice as one batch, alone, and start it at once: realtime
-    requests of a frame marked realtime, nothing queued, a slot free, no wait for company, the pool
-    running; more than one only where they fit one batch (the model's limit, one length bucket)."""
+    """Where the batcher's next pass would cut the slice as one batch, alone, and start it first and at
+    once: realtime requests of a frame marked realtime, no realtime request queued in the pool and nothing
+    in the slice's own queue (other models' less urgent requests may be), a slot free, no wait for company,
+    the pool running; more than one only where they fit one batch (the model's limit, one length bucket)."""
     held = HeldPool()
     p = held.pool
     await p.backend.start()  # the null backend's demo models: their specs
@@ -106,6 +107,22 @@ async def test_only_an_idle_pools_slice_of_urgent_realtime_requests_is_served_at
     p._realtime_delay_s = 0.001  # realtime_queue_delay_us: the pass would wait for company
     assert not p.serves_at_once(lone())
     p._realtime_delay_s = 0.0
+    # Another model's less urgent requests queued: the pass would cut the realtime one first, alone.
+    other = requests("c", 2, Priority.BATCH)
+    for item in other:
+        item.request.model_name, item.text_tokens = "text-encoder", 4
+    assert p.submit_many(other, time.monotonic())
+    assert p.serves_at_once(lone())
+    texts = urgent(requests("c", 1, Priority.REALTIME))
+    texts[0].request.model_name, texts[0].text_tokens = "text-encoder", 4
+    assert not p.serves_at_once(texts)  # its own queue holds requests: a batch takes it with them (fill)
+    texts[0].text_tokens = 20
+    assert p.serves_at_once(texts)  # another length bucket's queue: its own is empty
+    queued = urgent(requests("d", 1, Priority.REALTIME))
+    queued[0].request.model_name, queued[0].text_tokens = "text-encoder", 20
+    assert p.submit_many(queued, time.monotonic())
+    assert not p.serves_at_once(lone())  # a realtime request queued before it (any queue): it goes first
+    assert len(p.take_queued()) == 3 and p.depth == 0
     assert p.submit_many(requests("b", 1, Priority.BATCH), time.monotonic())  # queued, not yet cut
     assert not p.serves_at_once(lone())  # behind a queued request: the pass decides the order
     p._batch_pass()  # b's batch takes the only slot (concurrency 1) and is held
