@@ -79,8 +79,12 @@ class Counts:
         served[agent] = start + n
 
     def served_at_once(self, agent: str, n: int) -> None:
-        """``n`` of ``agent``'s requests were served without being queued (PoolDispatcher.serve_at_once:
-        nothing was queued in the pool): counted as if they had joined, been taken and left."""
+        """``n`` of ``agent``'s requests were served without being queued (PoolDispatcher.serve_at_once):
+        counted as a batch the pass took of them, so as if they had joined, been taken and left, or, where
+        the agent has other requests queued in the pool (another model's), only taken."""
+        if agent in self.served:
+            self.took(agent, n)
+            return
         self.joined(agent)
         self.took(agent, n)
         self.left(agent)

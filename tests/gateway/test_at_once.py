@@ -158,6 +158,27 @@ async def test_served_at_once_is_the_batch_and_the_counts_the_pass_would_make() 
     await at_once.close()
 
 
+async def test_an_agent_with_requests_queued_is_served_at_once_beside_them() -> None:
+    """An agent's batch request of another model waits in the pool; its lone realtime request is served at
+    once, counted as a batch taken of it (it stays in fair queueing's counts while its other request is
+    queued); the pass then serves the other one, and the agent leaves the counts having been served 2."""
+    held = HeldPool()
+    p = held.pool
+    await p.backend.start()
+    other = requests("a", 1, Priority.BATCH)
+    other[0].request.model_name, other[0].text_tokens = "text-encoder", 4
+    assert p.submit_many(other, time.monotonic())
+    items = lone()  # agent "a" too
+    assert p.serves_at_once(items)
+    p.serve_at_once(items)  # takes the only slot (concurrency 1), held
+    assert p.depth == 1 and p._counts.served == {"a": 1} and not p._counts.gone
+    held.release.set()
+    await wait_for(lambda: p.depth == 0 and not p.inflight, what="the queued request served by the pass")
+    assert held.started[0][1] == ["a-realtime-0"] and held.started[1][1] == ["a-batch-0"]
+    assert not p._counts.served and p._counts.gone == {"a": 2}
+    await held.close()
+
+
 # ------------------------------------------------------------------------------------ in a gateway
 
 

@@ -57,7 +57,7 @@ def walked(queues: list[ModelQueue]) -> tuple[dict[str, int], list[int], set[byt
 Op = tuple[str, int, int, int, int, bool]
 OPS = st.lists(
     st.tuples(
-        st.sampled_from(["add", "add", "add", "take", "batch", "small", "large", "drop", "drain"]),
+        st.sampled_from(["add", "add", "add", "take", "batch", "small", "large", "drop", "drain", "at_once"]),
         st.integers(0, 2),  # queue
         st.integers(0, 2),  # lane
         st.integers(0, len(AGENTS) - 1),  # agent
@@ -72,8 +72,9 @@ OPS = st.lists(
 @given(ops=OPS, max_gone=st.sampled_from([1, 2, lanes.MAX_GONE]))
 def test_the_shared_counts_follow_the_lanes_through_any_operations(ops: list[Op], max_gone: int) -> None:
     """held and by_class equal the lanes'; ``served`` holds exactly the agents with requests queued, never
-    one in ``gone`` too, and an agent's count never goes back while it stays queued; ``gone`` stays within
-    its bound; every request added comes out of the lanes once, or is still queued."""
+    one in ``gone`` too, and an agent's count never goes back while it stays queued (also where some of its
+    requests were served at once, PoolDispatcher.serve_at_once, beside others it has queued); ``gone``
+    stays within its bound; every request added comes out of the lanes once, or is still queued."""
     original = lanes.MAX_GONE
     lanes.MAX_GONE = max_gone
     try:
@@ -102,6 +103,8 @@ def test_the_shared_counts_follow_the_lanes_through_any_operations(ops: list[Op]
                 assert not any(item.small for item in out)
             elif op == "drop":
                 out = lane.drop_newest(agent, n)
+            elif op == "at_once":  # served without being queued, whether the agent has others queued or not
+                counts.served_at_once(agent, max(n, 1))
             else:
                 for each in queues:
                     out += each.take(len(each))
