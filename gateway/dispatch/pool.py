@@ -320,9 +320,9 @@ class PoolDispatcher:
             self._queue_of((model, version, 0)).lanes[lane].add(items)
         else:  # one slice per length bucket
             buckets: dict[int, list[WorkItem]] = {}
-            short = self.dispatch.short_text_tokens
+            bucket_of = self._bucket_of
             for item in items:
-                buckets.setdefault(length_bucket(max(item.text_tokens, short)), []).append(item)
+                buckets.setdefault(bucket_of(item.text_tokens), []).append(item)
             for bucket, part in buckets.items():
                 self._queue_of((model, version, bucket)).lanes[lane].add(part)
         self._depth += len(items)
@@ -638,10 +638,13 @@ class PoolDispatcher:
         """The queue an item goes to (:meth:`submit_many`): its model, version and, for a model whose
         pipeline pads, its length bucket."""
         request = item.request
-        bucket = (
-            length_bucket(max(item.text_tokens, self.dispatch.short_text_tokens)) if self._pads(item) else 0
-        )
+        bucket = self._bucket_of(item.text_tokens) if self._pads(item) else 0
         return request.model_name, request.model_version, bucket
+
+    def _bucket_of(self, text_tokens: int) -> int:
+        """The length bucket a padded model's request queues in: its own, or that of ``short_text_tokens``
+        for a text up to that long (they share one queue)."""
+        return length_bucket(max(text_tokens, self.dispatch.short_text_tokens))
 
     def _one_batch(self, items: list[WorkItem]) -> bool:
         """Whether the pass would cut these requests (one slice, queued alone) as one batch: no more than
@@ -653,9 +656,9 @@ class PoolDispatcher:
             return False
         if not self._pads(first):
             return True
-        short = self.dispatch.short_text_tokens
-        bucket = length_bucket(max(first.text_tokens, short))
-        return all(length_bucket(max(item.text_tokens, short)) == bucket for item in items)
+        bucket_of = self._bucket_of
+        bucket = bucket_of(first.text_tokens)
+        return all(bucket_of(item.text_tokens) == bucket for item in items)
 
     def serve_at_once(self, items: list[WorkItem]) -> None:
         """Serve ``items`` (:meth:`serves_at_once` said so) as the batcher's pass would, without queueing
